@@ -1,0 +1,380 @@
+//! The LanePool custom resource (`lanepool.dev/v1alpha1`): lanes in priority order, the reserve
+//! each lane asks for, how big the pool is, and what the operator reports back. Rules that cross
+//! fields are CEL in the CRD, so the API server refuses a bad manifest; nothing here does I/O.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PodTemplateSpec, SecretKeySelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::KubeDuration;
+
+pub const GROUP: &str = "lanepool.dev";
+/// Pod label naming the LanePool a worker belongs to.
+pub const POOL_LABEL: &str = "lanepool.dev/pool";
+/// Pod label saying whether a worker is `reserved` or `shared`.
+pub const ROLE_LABEL: &str = "lanepool.dev/role";
+/// Pod label naming the lane a reserved worker serves.
+pub const LANE_LABEL: &str = "lanepool.dev/lane";
+
+/// A worker pool whose lanes share workers: reserved workers take only their lane, shared
+/// workers take every lane in priority order. The reserve is sized from the lane's measured
+/// arrival rate and job time.
+// The derive repeats printcolumn keys by design; clippy reads them as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "lanepool.dev",
+    version = "v1alpha1",
+    kind = "LanePool",
+    namespaced,
+    shortname = "lp",
+    status = "LanePoolStatus",
+    doc = "A worker pool with priority lanes: reserved workers per lane plus shared workers.",
+    printcolumn(name = "Reserved", type_ = "integer", json_path = ".status.reserved"),
+    printcolumn(name = "Shared", type_ = "integer", json_path = ".status.shared"),
+    printcolumn(
+        name = "Urgent Rate",
+        type_ = "string",
+        description = "arrival rate of the first reserve lane",
+        json_path = ".status.lanes[0].arrivalRate"
+    ),
+    printcolumn(
+        name = "Job Time",
+        type_ = "string",
+        description = "job time of the first reserve lane",
+        json_path = ".status.lanes[0].jobTime"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "has(self.totalWorkers) != (has(self.shared) && has(self.shared.replicas))"
+).message("set exactly one pool size: spec.totalWorkers (a fixed budget) or spec.shared.replicas (shared workers, reserved added on top)").field_path(".totalWorkers"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.totalWorkers) || self.totalWorkers >= self.lanes.filter(l, has(l.reserve)).map(l, l.reserve.max).sum() + (has(self.shared) && has(self.shared.minReplicas) ? self.shared.minReplicas : 1)"
+).message("spec.totalWorkers must be at least the sum of every lane's reserve.max plus shared.minReplicas").field_path(".totalWorkers"))]
+pub struct LanePoolSpec {
+    /// Lanes in priority order: shared workers take the first lane with work waiting. At least
+    /// one lane has a reserve and at least one has none (the lane shared workers fall back to).
+    #[schemars(length(min = 1, max = 16))]
+    #[x_kube(
+        validation = Rule::new("self.all(a, self.filter(b, b.name == a.name).size() == 1)").message("lane names must be unique"),
+        validation = Rule::new("self.exists(l, has(l.reserve))").message("at least one lane needs a reserve (reserved workers)"),
+        validation = Rule::new("self.exists(l, !has(l.reserve))").message("at least one lane must have no reserve: the lane shared workers take when no reserve lane has work")
+    )]
+    pub lanes: Vec<Lane>,
+
+    /// Multiplies measured busy workers (arrival rate × job time) to size the reserve.
+    /// Default 1.5; greater than 0, at most 10.
+    #[serde(default = "default_headroom")]
+    #[schemars(range(min = 0.0, max = 10.0), extend("exclusiveMinimum" = true))]
+    pub headroom: f64,
+
+    /// A fixed budget of workers: shared = totalWorkers − reserved, never below
+    /// shared.minReplicas. Set this or shared.replicas, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub total_workers: Option<i32>,
+
+    /// Shared workers: they take every lane in priority order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedWorkers>,
+
+    /// The worker pod template. The operator adds LANEPOOL_LANES, LANEPOOL_ROLE and LANEPOOL_POOL
+    /// to every container and the labels lanepool.dev/pool and lanepool.dev/role.
+    pub template: PodTemplateSpec,
+
+    /// Where to read the lanes' arrival rate and job time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSource>,
+
+    /// How often to measure and resize. Default 30s; from 5s to 1h.
+    #[serde(default = "default_interval")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('5s') && duration(self) <= duration('1h')").message("interval must be between 5s and 1h"))]
+    pub interval: KubeDuration,
+
+    /// How scaling down is slowed; scaling up is immediate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down: Option<ScaleDown>,
+
+    /// What to do when a lane's metrics cannot be read. Default: Hold the current counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_metrics_unavailable: Option<OnMetricsUnavailable>,
+
+    /// When true the operator leaves the pool's Deployments alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+}
+
+/// One lane: a queue of jobs with the same priority.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Lane {
+    /// The lane's name, as workers see it in LANEPOOL_LANES: a DNS label such as `urgent`.
+    #[schemars(
+        length(min = 1, max = 40),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+
+    /// Workers reserved for this lane only. Lanes without a reserve are served by shared workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<Reserve>,
+}
+
+/// How many workers to reserve for a lane, and how to measure its load.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("reserve.min must not exceed reserve.max"))]
+pub struct Reserve {
+    /// Fewest reserved workers, whatever the load. Default 1.
+    #[serde(default = "default_reserve_min")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min: i32,
+
+    /// Most reserved workers; above this the shared workers absorb the load.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max: i32,
+
+    /// How the reserve is computed from the measured load. `Formula` (the default):
+    /// ceil(arrival rate × job time × headroom).
+    #[serde(default)]
+    pub sizing: SizingMode,
+
+    /// The lane's arrival rate, in jobs per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_rate: Option<MetricQuery>,
+
+    /// The lane's mean job time, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_time: Option<JobTimeQuery>,
+}
+
+/// How a reserve is computed.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SizingMode {
+    /// The guide's rule: ceil(arrival rate × job time × headroom), clamped to [min, max].
+    #[default]
+    Formula,
+}
+
+/// A PromQL query answering one number.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricQuery {
+    /// PromQL that returns exactly one series. When absent, built from the worker metric
+    /// convention (see the README) and scoped to this pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub query: Option<String>,
+}
+
+/// The query for a lane's job time, and what to assume when no job ran.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobTimeQuery {
+    /// PromQL that returns the mean job time in seconds, exactly one series.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub query: Option<String>,
+
+    /// The job time to assume when the query has no answer because no job ran recently
+    /// (for example "20ms"). Without it, a lane with arrivals but no job time is
+    /// "metrics unavailable".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('24h')").message("jobTime.fallback must be more than 0 and at most 24h"))]
+    pub fallback: Option<KubeDuration>,
+}
+
+/// Shared workers: urgent lanes first, then the rest.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedWorkers {
+    /// A fixed number of shared workers; reserved workers are added on top.
+    /// Set this or spec.totalWorkers, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub replicas: Option<i32>,
+
+    /// With spec.totalWorkers: the fewest shared workers, so batch work never stops. Default 1.
+    #[serde(default = "default_shared_min")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub min_replicas: i32,
+}
+
+/// Where Prometheus is and how to reach it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSource {
+    /// Base URL, such as http://prometheus.monitoring:9090. Default: the operator's
+    /// --prometheus-url.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("prometheus.url must start with http:// or https://"))]
+    pub url: Option<String>,
+
+    /// HTTP timeout of each query. Default 5s; at most 1m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1m')").message("prometheus.timeout must be more than 0 and at most 1m"))]
+    pub timeout: Option<KubeDuration>,
+
+    /// A Secret key holding a bearer token sent with every query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret: Option<SecretKeySelector>,
+
+    /// A Secret key holding the PEM CA bundle that signs Prometheus's certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<SecretKeySelector>,
+
+    /// Extra HTTP headers, such as X-Scope-OrgID for a multi-tenant Prometheus.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 16))]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// How scaling down is slowed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleDown {
+    /// A reserve shrinks only to the highest recommendation made within this window.
+    /// Default 5m; "0" scales down at once; at most 24h.
+    #[serde(default = "default_stabilization_window")]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('24h')").message("scaleDown.stabilizationWindow must be at most 24h"))]
+    pub stabilization_window: KubeDuration,
+}
+
+/// What to do while metrics are unavailable.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.action == 'FixedReserve' ? has(self.reserve) : !has(self.reserve)").message("onMetricsUnavailable.reserve is required with action FixedReserve and not allowed otherwise"))]
+pub struct OnMetricsUnavailable {
+    /// `Hold` keeps the current counts; `FixedReserve` sets each reserve lane to `reserve`
+    /// (within its min and max).
+    pub action: MetricsUnavailableAction,
+
+    /// The reserve to use with action FixedReserve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub reserve: Option<i32>,
+}
+
+/// The actions available while metrics are unavailable.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetricsUnavailableAction {
+    /// Keep the current replica counts.
+    #[default]
+    Hold,
+    /// Use a fixed reserve per lane.
+    FixedReserve,
+}
+
+/// What the operator measured and decided.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LanePoolStatus {
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Reserved workers across every reserve lane.
+    #[serde(default)]
+    pub reserved: i32,
+
+    /// Shared workers.
+    #[serde(default)]
+    pub shared: i32,
+
+    /// One entry per reserve lane.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<LaneStatus>,
+
+    /// Ready, MetricsAvailable, ScalingLimited, Paused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// The last sizing decision in words, such as
+    /// "urgent 31.2/s × 20.4 ms × 1.5 = 0.95 → 1 reserved".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<String>,
+}
+
+/// A reserve lane's measured load and reserve.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneStatus {
+    pub name: String,
+    /// Jobs per second, as measured ("31.2/s"); absent while metrics are unavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_rate: Option<String>,
+    /// Jobs per second as a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_rate_per_second: Option<f64>,
+    /// Mean job time as measured ("20.4ms").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_time: Option<String>,
+    /// Mean job time in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_seconds: Option<f64>,
+    /// Arrival rate × job time: workers kept busy by this lane on average.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_workers: Option<f64>,
+    /// The reserve the measurements call for, before the stabilization window.
+    pub recommended_reserve: i32,
+    /// The reserve in effect.
+    pub reserve: i32,
+}
+
+fn default_headroom() -> f64 {
+    1.5
+}
+fn default_interval() -> KubeDuration {
+    KubeDuration::new("30s")
+}
+fn default_reserve_min() -> i32 {
+    1
+}
+fn default_shared_min() -> i32 {
+    1
+}
+fn default_stabilization_window() -> KubeDuration {
+    KubeDuration::new("5m")
+}
+
+impl Default for ScaleDown {
+    fn default() -> Self {
+        Self {
+            stabilization_window: default_stabilization_window(),
+        }
+    }
+}
+
+impl Default for OnMetricsUnavailable {
+    fn default() -> Self {
+        Self {
+            action: MetricsUnavailableAction::Hold,
+            reserve: None,
+        }
+    }
+}
+
+impl LanePoolSpec {
+    /// The lanes that have a reserve, in priority order.
+    pub fn reserve_lanes(&self) -> impl Iterator<Item = (&Lane, &Reserve)> {
+        self.lanes
+            .iter()
+            .filter_map(|lane| lane.reserve.as_ref().map(|reserve| (lane, reserve)))
+    }
+}

@@ -1,0 +1,166 @@
+//! Durations written the Kubernetes way ("5s", "30s", "5m", "1h30m", "0"), kept as the user wrote
+//! them so a LanePool round-trips unchanged. The CRD checks the syntax; parsing here must agree
+//! with it and must never turn a malformed value into zero.
+
+use std::{borrow::Cow, fmt, time::Duration};
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// The pattern the CRD enforces; the same grammar Go's `time.ParseDuration` accepts for
+/// non-negative values, minus the rarely used `ns`/`us` units.
+pub const PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$";
+
+/// A duration in Kubernetes notation, such as `30s` or `1h30m`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct KubeDuration(String);
+
+/// Why a duration string could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a duration such as \"500ms\", \"30s\", \"5m\" or \"1h30m\"")]
+pub struct InvalidDuration {
+    pub value: String,
+}
+
+impl KubeDuration {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The duration this string denotes.
+    pub fn get(&self) -> Result<Duration, InvalidDuration> {
+        parse(&self.0)
+    }
+}
+
+impl fmt::Display for KubeDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for KubeDuration {
+    fn from(value: &str) -> Self {
+        Self::new(value)
+    }
+}
+
+impl JsonSchema for KubeDuration {
+    fn schema_name() -> Cow<'static, str> {
+        "KubeDuration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": PATTERN,
+            "maxLength": 32,
+        })
+    }
+}
+
+/// Parses `1h30m`, `250ms`, `1.5s` or `0`.
+pub fn parse(value: &str) -> Result<Duration, InvalidDuration> {
+    let invalid = || InvalidDuration {
+        value: value.to_string(),
+    };
+    if value == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut rest = value;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let number: f64 = match &rest[..digits] {
+            n if n.is_empty() || n.starts_with('.') || n.ends_with('.') => return Err(invalid()),
+            n => n.parse().map_err(|_| invalid())?,
+        };
+        rest = &rest[digits..];
+        let (unit_seconds, unit_len) = if rest.starts_with("ms") {
+            (1e-3, 2)
+        } else if rest.starts_with('s') {
+            (1.0, 1)
+        } else if rest.starts_with('m') {
+            (60.0, 1)
+        } else if rest.starts_with('h') {
+            (3600.0, 1)
+        } else {
+            return Err(invalid());
+        };
+        total += number * unit_seconds;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| invalid())
+}
+
+/// Formats seconds the way the guide writes job times: "20 ms", "1.5 s".
+pub fn human_seconds(seconds: f64) -> String {
+    if seconds < 1.0 {
+        format!("{} ms", trim(seconds * 1e3))
+    } else {
+        format!("{} s", trim(seconds))
+    }
+}
+
+/// Three significant figures at most, without trailing zeros: 20, 20.4, 0.95, 1490.
+pub fn trim(value: f64) -> String {
+    if value == 0.0 || !value.is_finite() {
+        return format!("{value}");
+    }
+    let magnitude = value.abs().log10().floor() as i32;
+    let decimals = (2 - magnitude).clamp(0, 6) as usize;
+    let text = format!("{value:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_kubernetes_forms() {
+        assert_eq!(parse("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse("0"), Ok(Duration::ZERO));
+        assert_eq!(parse("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn refuses_what_the_crd_pattern_refuses() {
+        for bad in ["", "5", "s", "5x", "-5s", "5 s", ".5s", "5.s", "1h30", "1d"] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn formats_job_times_like_the_guide() {
+        assert_eq!(human_seconds(0.02), "20 ms");
+        assert_eq!(human_seconds(0.0204), "20.4 ms");
+        assert_eq!(human_seconds(1.5), "1.5 s");
+        assert_eq!(trim(0.9000000000000001), "0.9");
+        assert_eq!(trim(31.26), "31.3");
+        assert_eq!(trim(1490.0), "1490");
+    }
+}

@@ -1,0 +1,12 @@
+//! lanepool: an operator that splits one worker pool into workers reserved for urgent lanes and
+//! shared workers that take urgent work first and batch work otherwise, sizing the reserve from
+//! the lanes' measured arrival rate and job time.
+
+pub mod api;
+pub mod duration;
+pub mod error;
+pub mod sizing;
+
+pub use error::{Error, Result};
+pub mod crd;
+pub mod plan;

@@ -1,0 +1,432 @@
+//! The sizing decision: from a pool's settings, each reserve lane's measured load, the current
+//! replica counts and the recent recommendations, how many reserved and shared workers to run.
+//! Pure (no clock, no I/O): the controller, `lanepool plan` and the simulator all call it. It must
+//! never read a missing or malformed measurement as zero.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::api::{LanePoolSpec, MetricsUnavailableAction};
+use crate::duration::{human_seconds, trim};
+use crate::{Error, Result};
+
+/// A pool's sizing settings, read and checked from a LanePool spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSizing {
+    /// Reserve lanes in priority order.
+    pub lanes: Vec<LaneSizing>,
+    pub headroom: f64,
+    pub size: PoolSize,
+    pub stabilization_window: Duration,
+    pub on_unavailable: UnavailablePolicy,
+}
+
+/// The bounds of one lane's reserve.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaneSizing {
+    pub name: String,
+    pub min: i32,
+    pub max: i32,
+}
+
+/// How the pool's size is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolSize {
+    /// A fixed number of shared workers; reserved workers come on top.
+    Shared { replicas: i32 },
+    /// A fixed budget: shared = total − reserved, never below `shared_min`.
+    Budget { total: i32, shared_min: i32 },
+}
+
+/// What to do for a lane whose metrics are unavailable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnavailablePolicy {
+    Hold,
+    FixedReserve(i32),
+}
+
+/// A reserve lane's measured load.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaneLoad {
+    /// Jobs per second.
+    pub arrival_rate: f64,
+    /// Mean job time in seconds; `None` only when the rate is zero and no job ran.
+    pub job_seconds: Option<f64>,
+}
+
+/// A query's answer as plain numbers, one per series, or the reason there is none.
+pub type Answer = std::result::Result<Vec<f64>, String>;
+
+/// Replica counts of a pool's Deployments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Replicas {
+    /// Reserved workers per reserve lane.
+    pub reserved: BTreeMap<String, i32>,
+    pub shared: i32,
+}
+
+/// A reserve recommended at a moment, remembered for the scale-down stabilization window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recommendation {
+    /// Time since an arbitrary origin chosen by the caller (process start, simulation start).
+    pub at: Duration,
+    pub reserve: i32,
+}
+
+/// Recent recommendations per lane.
+pub type History = BTreeMap<String, Vec<Recommendation>>;
+
+/// What the decision sees at one evaluation.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// Each reserve lane's load, or why it could not be measured.
+    pub loads: &'a BTreeMap<String, std::result::Result<LaneLoad, String>>,
+    /// The replica counts now, or `None` when the Deployments do not exist yet.
+    pub current: Option<&'a Replicas>,
+    pub history: &'a History,
+    pub now: Duration,
+}
+
+/// The decision for one reserve lane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaneDecision {
+    pub name: String,
+    pub load: Option<LaneLoad>,
+    /// arrival rate × job time × headroom.
+    pub needed: Option<f64>,
+    /// ceil(needed) clamped to the lane's bounds, before stabilization.
+    pub recommended: i32,
+    /// The reserve to run.
+    pub reserve: i32,
+    /// The arithmetic in words: "urgent 30/s × 20 ms × 1.5 = 0.9 → 1 reserved".
+    pub explanation: String,
+}
+
+/// Replica counts and the reasons behind them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub lanes: Vec<LaneDecision>,
+    pub shared: i32,
+    /// The recommendations to remember for the next evaluation.
+    pub history: History,
+    /// Why metrics are unavailable, lane by lane; empty when every lane was measured.
+    pub unavailable: Vec<String>,
+    /// Why a reserve could not be as large as the load asks; empty when no lane was capped.
+    pub limited: Vec<String>,
+}
+
+impl Decision {
+    pub fn replicas(&self) -> Replicas {
+        Replicas {
+            reserved: self
+                .lanes
+                .iter()
+                .map(|lane| (lane.name.clone(), lane.reserve))
+                .collect(),
+            shared: self.shared,
+        }
+    }
+
+    pub fn reserved_total(&self) -> i32 {
+        self.lanes.iter().map(|lane| lane.reserve).sum()
+    }
+
+    /// The whole decision in one line, for status and logs.
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<String> = self.lanes.iter().map(|l| l.explanation.clone()).collect();
+        parts.push(format!("{} shared", self.shared));
+        parts.join("; ")
+    }
+}
+
+impl PoolSizing {
+    /// Reads the sizing settings from a spec, checking what the CRD also checks, so a spec that
+    /// reached us some other way (a test, an old CRD) cannot produce a harmful decision.
+    pub fn from_spec(spec: &LanePoolSpec) -> Result<Self> {
+        if !(spec.headroom > 0.0 && spec.headroom <= 10.0) {
+            return Err(Error::invalid(
+                "spec.headroom",
+                format!("{} is not greater than 0 and at most 10", spec.headroom),
+            ));
+        }
+        let mut lanes = Vec::new();
+        for (i, (lane, reserve)) in spec.reserve_lanes().enumerate() {
+            let field = format!("spec.lanes[{i}].reserve");
+            if reserve.min < 0 || reserve.min > reserve.max {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "min {} must be between 0 and max {}",
+                        reserve.min, reserve.max
+                    ),
+                ));
+            }
+            lanes.push(LaneSizing {
+                name: lane.name.clone(),
+                min: reserve.min,
+                max: reserve.max,
+            });
+        }
+        if lanes.is_empty() {
+            return Err(Error::invalid("spec.lanes", "no lane has a reserve"));
+        }
+        let shared_min = spec.shared.as_ref().map_or(1, |s| s.min_replicas);
+        let size = match (
+            spec.total_workers,
+            spec.shared.as_ref().and_then(|s| s.replicas),
+        ) {
+            (Some(total), None) => {
+                let most_reserved: i32 = lanes.iter().map(|l| l.max).sum();
+                if total < most_reserved + shared_min {
+                    return Err(Error::invalid(
+                        "spec.totalWorkers",
+                        format!(
+                            "{total} is less than the reserves' max ({most_reserved}) plus shared.minReplicas ({shared_min})"
+                        ),
+                    ));
+                }
+                PoolSize::Budget { total, shared_min }
+            }
+            (None, Some(replicas)) if replicas >= 0 => PoolSize::Shared { replicas },
+            _ => {
+                return Err(Error::invalid(
+                    "spec.totalWorkers",
+                    "set exactly one of spec.totalWorkers and spec.shared.replicas",
+                ));
+            }
+        };
+        let window = spec
+            .scale_down
+            .clone()
+            .unwrap_or_default()
+            .stabilization_window;
+        let stabilization_window = window.get().map_err(|source| Error::Duration {
+            field: "spec.scaleDown.stabilizationWindow".into(),
+            source,
+        })?;
+        let policy = spec.on_metrics_unavailable.clone().unwrap_or_default();
+        let on_unavailable = match (policy.action, policy.reserve) {
+            (MetricsUnavailableAction::Hold, _) => UnavailablePolicy::Hold,
+            (MetricsUnavailableAction::FixedReserve, Some(n)) if n >= 0 => {
+                UnavailablePolicy::FixedReserve(n)
+            }
+            (MetricsUnavailableAction::FixedReserve, _) => {
+                return Err(Error::invalid(
+                    "spec.onMetricsUnavailable.reserve",
+                    "a reserve of 0 or more is required with action FixedReserve",
+                ));
+            }
+        };
+        Ok(Self {
+            lanes,
+            headroom: spec.headroom,
+            size,
+            stabilization_window,
+            on_unavailable,
+        })
+    }
+}
+
+/// Reads one number from a query's answer; anything but one finite, non-negative value is
+/// unavailable, never zero.
+pub fn single_value(what: &str, answer: &Answer) -> std::result::Result<f64, String> {
+    match answer {
+        Err(reason) => Err(format!("{what}: {reason}")),
+        Ok(values) => match values.as_slice() {
+            [] => Err(format!("{what}: the query returned no series")),
+            [value] if value.is_nan() => Err(format!("{what}: the query returned NaN")),
+            [value] if value.is_infinite() => Err(format!("{what}: the query returned {value}")),
+            [value] if *value < 0.0 => Err(format!("{what}: the query returned {value} (< 0)")),
+            [value] => Ok(*value),
+            many => Err(format!(
+                "{what}: the query returned {} series; it must return one (aggregate with sum or avg)",
+                many.len()
+            )),
+        },
+    }
+}
+
+/// A lane's load from its two answers. A job time of NaN or no series means no job finished
+/// in the window: the fallback stands in, and with no arrivals no job time is needed.
+pub fn lane_load(
+    lane: &str,
+    arrival_rate: &Answer,
+    job_seconds: &Answer,
+    job_seconds_fallback: Option<f64>,
+) -> std::result::Result<LaneLoad, String> {
+    let rate = single_value(&format!("lane {lane} arrival rate"), arrival_rate)?;
+    let no_job_ran = match job_seconds {
+        Ok(values) => values.is_empty() || (values.len() == 1 && values[0].is_nan()),
+        Err(_) => false,
+    };
+    let job = if no_job_ran {
+        if job_seconds_fallback.is_none() && rate > 0.0 {
+            return Err(format!(
+                "lane {lane} job time: no job finished in the query's window and jobTime.fallback is not set"
+            ));
+        }
+        job_seconds_fallback
+    } else {
+        Some(single_value(&format!("lane {lane} job time"), job_seconds)?)
+    };
+    Ok(LaneLoad {
+        arrival_rate: rate,
+        job_seconds: job,
+    })
+}
+
+/// The guide's formula: arrival rate × job time × headroom, and its ceiling. The ceiling
+/// forgives floating-point noise, so 100/s × 20 ms × 1.5 is 3, not 4.
+pub fn formula(arrival_rate: f64, job_seconds: f64, headroom: f64) -> (f64, i32) {
+    let needed = arrival_rate * job_seconds * headroom;
+    let ceiling = (needed - 1e-9 * needed.max(1.0)).ceil();
+    (needed, ceiling.clamp(0.0, i32::MAX as f64) as i32)
+}
+
+/// Decides the replica counts for one evaluation.
+pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
+    let mut history = History::new();
+    let mut unavailable = Vec::new();
+    let mut limited = Vec::new();
+    let mut lanes = Vec::with_capacity(sizing.lanes.len());
+
+    for lane in &sizing.lanes {
+        let current = inputs
+            .current
+            .and_then(|c| c.reserved.get(&lane.name).copied());
+        let decision = match inputs.loads.get(&lane.name) {
+            Some(Ok(load)) => {
+                let (past, capped) =
+                    measured(sizing, lane, load, current, inputs.history, inputs.now);
+                history.insert(lane.name.clone(), past.0);
+                limited.extend(capped);
+                past.1
+            }
+            unmeasured => {
+                let reason = match unmeasured {
+                    Some(Err(reason)) => reason.clone(),
+                    _ => format!("lane {}: not measured", lane.name),
+                };
+                if let Some(past) = inputs.history.get(&lane.name) {
+                    history.insert(lane.name.clone(), past.clone());
+                }
+                let decision = unmeasured_lane(sizing, lane, current, &reason);
+                unavailable.push(reason);
+                decision
+            }
+        };
+        lanes.push(decision);
+    }
+
+    let reserved: i32 = lanes.iter().map(|l| l.reserve).sum();
+    let shared = match sizing.size {
+        PoolSize::Shared { replicas } => replicas,
+        // The spec guarantees total ≥ Σ max + shared_min, so this never goes below shared_min.
+        PoolSize::Budget { total, shared_min } => (total - reserved).max(shared_min),
+    };
+    Decision {
+        lanes,
+        shared,
+        history,
+        unavailable,
+        limited,
+    }
+}
+
+type Remembered = (Vec<Recommendation>, LaneDecision);
+
+fn measured(
+    sizing: &PoolSizing,
+    lane: &LaneSizing,
+    load: &LaneLoad,
+    current: Option<i32>,
+    history: &History,
+    now: Duration,
+) -> (Remembered, Option<String>) {
+    let job = load.job_seconds.unwrap_or(0.0);
+    let (needed, ceiling) = formula(load.arrival_rate, job, sizing.headroom);
+    let recommended = ceiling.clamp(lane.min, lane.max);
+    let capped = (ceiling > lane.max).then(|| {
+        format!(
+            "lane {} needs {ceiling} reserved workers but reserve.max is {}; shared workers absorb the rest",
+            lane.name, lane.max
+        )
+    });
+
+    // Keep the recommendations inside the window. After a restart there are none: the current
+    // count stands in for them, so a restart never shortens the wait before scaling down.
+    let window = sizing.stabilization_window;
+    let mut past: Vec<Recommendation> = match history.get(&lane.name) {
+        Some(past) => past.clone(),
+        None => current
+            .filter(|_| !window.is_zero())
+            .map(|reserve| vec![Recommendation { at: now, reserve }])
+            .unwrap_or_default(),
+    };
+    past.retain(|r| r.at <= now && now - r.at < window);
+    past.push(Recommendation {
+        at: now,
+        reserve: recommended,
+    });
+    let highest = past.iter().map(|r| r.reserve).max().unwrap_or(recommended);
+    let reserve = highest.clamp(lane.min, lane.max);
+
+    let mut explanation = format!(
+        "{} {}/s × {} × {} = {} → {}",
+        lane.name,
+        trim(load.arrival_rate),
+        human_seconds(job),
+        trim(sizing.headroom),
+        trim(needed),
+        ceiling
+    );
+    if ceiling != recommended {
+        let bound = if ceiling > lane.max { "max" } else { "min" };
+        explanation.push_str(&format!(", {bound} {recommended}"));
+    }
+    if reserve != recommended {
+        explanation.push_str(&format!(
+            ", held at {reserve} (highest in the {}s scale-down window)",
+            window.as_secs()
+        ));
+    }
+    explanation.push_str(&format!(" → {reserve} reserved"));
+
+    let decision = LaneDecision {
+        name: lane.name.clone(),
+        load: Some(*load),
+        needed: Some(needed),
+        recommended,
+        reserve,
+        explanation,
+    };
+    ((past, decision), capped)
+}
+
+fn unmeasured_lane(
+    sizing: &PoolSizing,
+    lane: &LaneSizing,
+    current: Option<i32>,
+    reason: &str,
+) -> LaneDecision {
+    let (reserve, why) = match (sizing.on_unavailable, current) {
+        (UnavailablePolicy::Hold, Some(current)) => (current, "holding"),
+        (UnavailablePolicy::Hold, None) => (lane.min, "starting at min"),
+        (UnavailablePolicy::FixedReserve(n), _) => (n, "fixed reserve"),
+    };
+    let reserve = reserve.clamp(lane.min, lane.max);
+    LaneDecision {
+        name: lane.name.clone(),
+        load: None,
+        needed: None,
+        recommended: reserve,
+        reserve,
+        explanation: format!(
+            "{}: metrics unavailable ({reason}); {why} → {reserve} reserved",
+            lane.name
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

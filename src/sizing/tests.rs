@@ -1,0 +1,344 @@
+use super::*;
+use proptest::prelude::*;
+
+fn pool(size: PoolSize, window_secs: u64) -> PoolSizing {
+    PoolSizing {
+        lanes: vec![LaneSizing {
+            name: "urgent".into(),
+            min: 1,
+            max: 6,
+        }],
+        headroom: 1.5,
+        size,
+        stabilization_window: Duration::from_secs(window_secs),
+        on_unavailable: UnavailablePolicy::Hold,
+    }
+}
+
+fn budget() -> PoolSizing {
+    pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        300,
+    )
+}
+
+fn loads(rate: f64, job: f64) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
+    BTreeMap::from([(
+        "urgent".to_string(),
+        Ok(LaneLoad {
+            arrival_rate: rate,
+            job_seconds: Some(job),
+        }),
+    )])
+}
+
+fn replicas(reserved: i32, shared: i32) -> Replicas {
+    Replicas {
+        reserved: BTreeMap::from([("urgent".to_string(), reserved)]),
+        shared,
+    }
+}
+
+/// Runs one evaluation at `now` seconds.
+fn at(
+    sizing: &PoolSizing,
+    loads: &BTreeMap<String, std::result::Result<LaneLoad, String>>,
+    current: Option<&Replicas>,
+    history: &History,
+    now: u64,
+) -> Decision {
+    decide(
+        sizing,
+        Inputs {
+            loads,
+            current,
+            history,
+            now: Duration::from_secs(now),
+        },
+    )
+}
+
+#[test]
+fn the_guides_example_reserves_one_worker() {
+    assert_eq!(formula(30.0, 0.020, 1.5).1, 1);
+    let decision = at(&budget(), &loads(30.0, 0.020), None, &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 1);
+    assert_eq!(decision.shared, 9);
+    assert_eq!(
+        decision.lanes[0].explanation,
+        "urgent 30/s × 20 ms × 1.5 = 0.9 → 1 → 1 reserved"
+    );
+}
+
+#[test]
+fn the_ceiling_forgives_floating_point_noise() {
+    // 100 × 0.02 × 1.5 is 3.0000000000000004 in f64.
+    assert_eq!(formula(100.0, 0.020, 1.5).1, 3);
+    assert_eq!(formula(150.0, 0.020, 1.5).1, 5);
+    assert_eq!(formula(92.0, 0.021, 1.5).1, 3);
+}
+
+#[test]
+fn no_arrivals_gives_the_minimum() {
+    let sizing = budget();
+    let no_jobs = BTreeMap::from([(
+        "urgent".to_string(),
+        lane_load("urgent", &Ok(vec![0.0]), &Ok(vec![f64::NAN]), None),
+    )]);
+    let decision = at(&sizing, &no_jobs, None, &History::new(), 0);
+    assert!(
+        decision.unavailable.is_empty(),
+        "{:?}",
+        decision.unavailable
+    );
+    assert_eq!(decision.lanes[0].reserve, 1);
+}
+
+#[test]
+fn malformed_answers_are_unavailable_never_zero() {
+    let cases: [(&str, Answer); 6] = [
+        ("NaN", Ok(vec![f64::NAN])),
+        ("+Inf", Ok(vec![f64::INFINITY])),
+        ("-Inf", Ok(vec![f64::NEG_INFINITY])),
+        ("negative", Ok(vec![-1.0])),
+        ("empty", Ok(vec![])),
+        ("two series", Ok(vec![1.0, 2.0])),
+    ];
+    for (name, answer) in cases {
+        let load = lane_load("urgent", &answer, &Ok(vec![0.02]), None);
+        assert!(load.is_err(), "{name} read as {load:?}");
+    }
+    let err = lane_load(
+        "urgent",
+        &Err("connection refused".into()),
+        &Ok(vec![0.02]),
+        None,
+    );
+    assert_eq!(
+        err,
+        Err("lane urgent arrival rate: connection refused".to_string())
+    );
+}
+
+#[test]
+fn a_job_time_fallback_covers_a_window_without_finished_jobs() {
+    let load = lane_load("urgent", &Ok(vec![30.0]), &Ok(vec![f64::NAN]), Some(0.02));
+    assert_eq!(
+        load,
+        Ok(LaneLoad {
+            arrival_rate: 30.0,
+            job_seconds: Some(0.02)
+        })
+    );
+    let without = lane_load("urgent", &Ok(vec![30.0]), &Ok(vec![]), None);
+    assert!(without.unwrap_err().contains("jobTime.fallback"));
+}
+
+#[test]
+fn unavailable_metrics_hold_the_current_counts() {
+    let sizing = budget();
+    let broken = BTreeMap::from([("urgent".to_string(), Err("prometheus down".to_string()))]);
+    let now = replicas(4, 6);
+    let decision = at(&sizing, &broken, Some(&now), &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 4);
+    assert_eq!(decision.shared, 6);
+    assert_eq!(decision.unavailable, vec!["prometheus down".to_string()]);
+
+    // A pool created while metrics are down starts at min, never at zero.
+    let fresh = at(&sizing, &broken, None, &History::new(), 0);
+    assert_eq!(fresh.lanes[0].reserve, 1);
+    assert_eq!(fresh.shared, 9);
+}
+
+#[test]
+fn a_fixed_reserve_applies_within_the_lane_bounds() {
+    let mut sizing = budget();
+    sizing.on_unavailable = UnavailablePolicy::FixedReserve(9);
+    let broken = BTreeMap::from([("urgent".to_string(), Err("timeout".to_string()))]);
+    let decision = at(&sizing, &broken, Some(&replicas(2, 8)), &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 6, "clamped to reserve.max");
+    assert_eq!(decision.shared, 4);
+}
+
+#[test]
+fn scale_up_is_immediate() {
+    let sizing = budget();
+    let calm = at(&sizing, &loads(30.0, 0.02), None, &History::new(), 0);
+    let spike = at(
+        &sizing,
+        &loads(150.0, 0.02),
+        Some(&calm.replicas()),
+        &calm.history,
+        30,
+    );
+    assert_eq!(spike.lanes[0].reserve, 5);
+    assert_eq!(spike.shared, 5);
+}
+
+#[test]
+fn scale_down_waits_for_the_stabilization_window() {
+    let sizing = budget();
+    let mut decision = at(&sizing, &loads(150.0, 0.02), None, &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 5);
+    for now in (30..300).step_by(30) {
+        decision = at(
+            &sizing,
+            &loads(30.0, 0.02),
+            Some(&decision.replicas()),
+            &decision.history,
+            now,
+        );
+        assert_eq!(decision.lanes[0].reserve, 5, "scaled down at {now}s");
+        assert!(decision.lanes[0].explanation.contains("held at 5"));
+    }
+    decision = at(
+        &sizing,
+        &loads(30.0, 0.02),
+        Some(&decision.replicas()),
+        &decision.history,
+        300,
+    );
+    assert_eq!(decision.lanes[0].reserve, 1);
+    assert_eq!(decision.shared, 9);
+}
+
+#[test]
+fn a_zero_window_scales_down_at_once() {
+    let sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
+    let decision = at(
+        &sizing,
+        &loads(30.0, 0.02),
+        Some(&replicas(5, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(decision.lanes[0].reserve, 1);
+    assert_eq!(decision.shared, 8);
+}
+
+#[test]
+fn a_restart_does_not_shorten_the_scale_down_wait() {
+    let sizing = budget();
+    let running = replicas(5, 5);
+    let decision = at(
+        &sizing,
+        &loads(30.0, 0.02),
+        Some(&running),
+        &History::new(),
+        1000,
+    );
+    assert_eq!(decision.lanes[0].reserve, 5);
+}
+
+#[test]
+fn a_reserve_above_max_is_capped_and_reported() {
+    let sizing = budget();
+    let decision = at(&sizing, &loads(400.0, 0.02), None, &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 6);
+    assert_eq!(decision.shared, 4);
+    assert_eq!(decision.limited.len(), 1);
+    assert!(decision.lanes[0].explanation.contains("max 6"));
+}
+
+#[test]
+fn shared_mode_adds_the_reserve_on_top() {
+    let sizing = pool(PoolSize::Shared { replicas: 8 }, 300);
+    let decision = at(&sizing, &loads(150.0, 0.02), None, &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 5);
+    assert_eq!(decision.shared, 8);
+}
+
+fn arbitrary_pool() -> impl Strategy<Value = PoolSizing> {
+    (
+        0i32..5,
+        0i32..20,
+        0i32..4,
+        0.1f64..10.0,
+        any::<bool>(),
+        0u64..600,
+    )
+        .prop_map(|(min, extra, shared_min, headroom, budget_mode, window)| {
+            let max = (min + extra).max(1);
+            PoolSizing {
+                lanes: vec![LaneSizing {
+                    name: "urgent".into(),
+                    min,
+                    max,
+                }],
+                headroom,
+                size: if budget_mode {
+                    PoolSize::Budget {
+                        total: max + shared_min + 3,
+                        shared_min,
+                    }
+                } else {
+                    PoolSize::Shared { replicas: 4 }
+                },
+                stabilization_window: Duration::from_secs(window),
+                on_unavailable: UnavailablePolicy::Hold,
+            }
+        })
+}
+
+proptest! {
+    #[test]
+    fn the_reserve_stays_within_its_bounds_and_the_budget(
+        sizing in arbitrary_pool(),
+        rates in prop::collection::vec(0.0f64..1000.0, 1..20),
+        job in 0.0f64..2.0,
+    ) {
+        let lane = &sizing.lanes[0];
+        let mut current: Option<Replicas> = None;
+        let mut history = History::new();
+        for (step, rate) in rates.iter().enumerate() {
+            let d = at(&sizing, &loads(*rate, job), current.as_ref(), &history, step as u64 * 30);
+            let reserve = d.lanes[0].reserve;
+            prop_assert!(lane.min <= reserve && reserve <= lane.max);
+            if let PoolSize::Budget { total, shared_min } = sizing.size {
+                prop_assert_eq!(reserve + d.shared, total);
+                prop_assert!(d.shared >= shared_min);
+            }
+            current = Some(d.replicas());
+            history = d.history;
+        }
+    }
+
+    #[test]
+    fn the_reserve_grows_with_arrival_rate_and_job_time(
+        sizing in arbitrary_pool(),
+        rate in 0.0f64..500.0,
+        more_rate in 0.0f64..500.0,
+        job in 0.0f64..1.0,
+        more_job in 0.0f64..1.0,
+    ) {
+        let fresh = |r: f64, j: f64| at(&sizing, &loads(r, j), None, &History::new(), 0).lanes[0].reserve;
+        prop_assert!(fresh(rate, job) <= fresh(rate + more_rate, job));
+        prop_assert!(fresh(rate, job) <= fresh(rate, job + more_job));
+    }
+
+    #[test]
+    fn constant_load_settles_and_stays(
+        sizing in arbitrary_pool(),
+        rate in 0.0f64..500.0,
+        job in 0.0f64..1.0,
+        start in 0i32..30,
+    ) {
+        let mut current = Some(replicas(start.clamp(sizing.lanes[0].min, sizing.lanes[0].max), 4));
+        let mut history = History::new();
+        let mut seen = Vec::new();
+        for step in 0..60u64 {
+            let d = at(&sizing, &loads(rate, job), current.as_ref(), &history, step * 30);
+            seen.push(d.lanes[0].reserve);
+            current = Some(d.replicas());
+            history = d.history;
+        }
+        // Once it moves toward the recommendation it never turns back.
+        let changes = seen.windows(2).filter(|w| w[0] != w[1]).count();
+        prop_assert!(changes <= 1, "reserve changed {} times: {:?}", changes, seen);
+        let last = *seen.last().unwrap();
+        prop_assert_eq!(last, formula(rate, job, sizing.headroom).1.clamp(sizing.lanes[0].min, sizing.lanes[0].max));
+    }
+}

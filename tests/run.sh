@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every test: formatting, lints, unit and property tests, and the integration tests against
+# a real kube-apiserver, etcd and Prometheus (built or installed on first use by tests/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+start=$SECONDS
+./tests/setup.sh
+
+if cargo fmt --version >/dev/null 2>&1; then
+  echo "== cargo fmt --check"
+  cargo fmt --all -- --check
+else
+  echo "== rustfmt is not installed on this toolchain: skipping the format check"
+fi
+
+if cargo clippy --version >/dev/null 2>&1; then
+  echo "== cargo clippy"
+  cargo clippy --all-targets --all-features -- -D warnings
+else
+  echo "== clippy is not installed on this toolchain: skipping lints"
+fi
+
+echo "== cargo test"
+cargo test --all-features "$@"
+
+echo "== all tests passed in $((SECONDS - start)) s"

@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools records the commands built from other modules, so go mod tidy keeps them.
+package tools
+
+import (
+	_ "helm.sh/helm/v3/cmd/helm"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
