@@ -62,3 +62,24 @@ fn strip_descriptions(schema: &mut JSONSchemaProps) {
         strip_descriptions(child);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checked_in_crd_is_what_the_code_generates() {
+        let checked_in = include_str!("../crds/lanepool.dev_lanepools.yaml");
+        let generated = lanepool_crd_yaml().expect("the CRD serializes");
+        assert!(
+            checked_in == generated,
+            "crds/lanepool.dev_lanepools.yaml is stale: run `cargo run -- crd > crds/lanepool.dev_lanepools.yaml`"
+        );
+    }
+
+    #[test]
+    fn the_crd_fits_in_kubectl_applys_annotation() {
+        let yaml = lanepool_crd_yaml().expect("the CRD serializes");
+        assert!(yaml.len() < 256 * 1024, "the CRD is {} bytes", yaml.len());
+    }
+}

@@ -10,3 +10,5 @@ pub mod sizing;
 pub use error::{Error, Result};
 pub mod crd;
 pub mod plan;
+#[cfg(feature = "testenv")]
+pub mod testenv;

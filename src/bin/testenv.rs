@@ -1,0 +1,108 @@
+//! `lanepool-testenv`: leaves a local control plane (etcd, kube-apiserver with the LanePool CRD)
+//! and Prometheus running for a person or the demo, and stops them again. Used by
+//! tests/cluster/up.sh and down.sh.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lanepool::testenv::{ControlPlane, Lifetime, TestPrometheus, process_alive, terminate_pid};
+
+#[derive(Parser)]
+#[command(name = "lanepool-testenv", about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start etcd, kube-apiserver and Prometheus in DIR and leave them running.
+    Up {
+        /// Where certificates, data, logs, the kubeconfig and the pid file go.
+        #[arg(long, default_value = "target/cluster")]
+        dir: PathBuf,
+        /// A host:port Prometheus scrapes every second (repeatable).
+        #[arg(long = "scrape", value_name = "HOST:PORT")]
+        scrape: Vec<SocketAddr>,
+    },
+    /// Stop what `up` started in DIR.
+    Down {
+        #[arg(long, default_value = "target/cluster")]
+        dir: PathBuf,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Up { dir, scrape } => up(&dir, &scrape).await,
+        Command::Down { dir } => down(&dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn up(dir: &Path, scrape: &[SocketAddr]) -> Result<(), String> {
+    if pids(dir).iter().any(|pid| process_alive(*pid)) {
+        return Err(format!(
+            "a control plane is already running in {}: run down first",
+            dir.display()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
+    let plane = ControlPlane::start_in(&dir.join("control-plane"), Lifetime::Detached)
+        .await
+        .map_err(|e| e.to_string())?;
+    let prometheus = TestPrometheus::start_in(&dir.join("prometheus"), scrape, Lifetime::Detached)
+        .map_err(|e| e.to_string())?;
+    let mut all: Vec<u32> = plane.pids();
+    all.extend(prometheus.pid());
+    std::fs::write(
+        dir.join("pids"),
+        all.iter().map(|p| format!("{p}\n")).collect::<String>(),
+    )
+    .map_err(|e| e.to_string())?;
+    let env = format!(
+        "export KUBECONFIG={}\nexport PROMETHEUS_URL={}\n",
+        plane.kubeconfig().display(),
+        prometheus.url()
+    );
+    std::fs::write(dir.join("env"), &env).map_err(|e| e.to_string())?;
+    eprintln!(
+        "control plane up in {:.1} s (logs in {})",
+        plane.startup.as_secs_f64(),
+        dir.display()
+    );
+    print!("{env}");
+    plane.detach();
+    prometheus.detach();
+    Ok(())
+}
+
+fn down(dir: &Path) -> Result<(), String> {
+    let pids = pids(dir);
+    if pids.is_empty() {
+        eprintln!("nothing is running in {}", dir.display());
+    }
+    for pid in pids {
+        terminate_pid(pid, Duration::from_secs(10));
+    }
+    Ok(())
+}
+
+fn pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}

@@ -1,0 +1,95 @@
+//! Certificates for the test API server, generated fresh for every control plane: a CA, the
+//! server's serving certificate for 127.0.0.1, an admin client certificate in system:masters,
+//! and the service-account signing key.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+use super::{Result, io};
+
+/// Paths of the PEM files written by [`write`].
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    pub ca: PathBuf,
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    pub admin_cert: PathBuf,
+    pub admin_key: PathBuf,
+    pub service_account_key: PathBuf,
+    pub service_account_public_key: PathBuf,
+}
+
+/// Generates the certificates and writes them into `dir`.
+pub fn write(dir: &Path) -> Result<CertFiles> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "lanepool-testenv-ca");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let ca = Issuer::new(ca_params, ca_key);
+
+    let serving_key = KeyPair::generate()?;
+    let mut serving = CertificateParams::new(vec![
+        "localhost".to_string(),
+        "kubernetes".to_string(),
+        "kubernetes.default.svc".to_string(),
+    ])?;
+    serving
+        .subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    serving
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_cert = serving.signed_by(&serving_key, &ca)?;
+
+    let admin_key = KeyPair::generate()?;
+    let mut admin = CertificateParams::new(Vec::<String>::new())?;
+    admin.distinguished_name.push(DnType::CommonName, "admin");
+    admin
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let admin_cert = admin.signed_by(&admin_key, &ca)?;
+
+    let service_account_key = KeyPair::generate()?;
+
+    let files = CertFiles {
+        ca: dir.join("ca.crt"),
+        serving_cert: dir.join("apiserver.crt"),
+        serving_key: dir.join("apiserver.key"),
+        admin_cert: dir.join("admin.crt"),
+        admin_key: dir.join("admin.key"),
+        service_account_key: dir.join("service-account.key"),
+        service_account_public_key: dir.join("service-account.pub"),
+    };
+    for (path, pem) in [
+        (&files.ca, ca_cert.pem()),
+        (&files.serving_cert, serving_cert.pem()),
+        (&files.serving_key, serving_key.serialize_pem()),
+        (&files.admin_cert, admin_cert.pem()),
+        (&files.admin_key, admin_key.serialize_pem()),
+        (
+            &files.service_account_key,
+            service_account_key.serialize_pem(),
+        ),
+        (
+            &files.service_account_public_key,
+            service_account_key.public_key_pem(),
+        ),
+    ] {
+        std::fs::write(path, pem).map_err(io(format!("writing {}", path.display())))?;
+    }
+    Ok(files)
+}

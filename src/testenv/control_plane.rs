@@ -1,0 +1,353 @@
+//! etcd plus kube-apiserver with TLS, RBAC and the LanePool CRD installed. No scheduler, no
+//! controller-manager and no kubelet: Deployments are stored and validated, pods never run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use super::certs::{self, CertFiles};
+use super::process::{Lifetime, Process};
+use super::{Result, TestEnvError, free_port, io, tool};
+use crate::crd::lanepool_crd;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running etcd and kube-apiserver.
+pub struct ControlPlane {
+    dir: PathBuf,
+    // Held so the directory and the processes live as long as the control plane.
+    _temp: Option<tempfile::TempDir>,
+    processes: Vec<Process>,
+    url: String,
+    kubeconfig: PathBuf,
+    pub startup: Duration,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver in a new temporary directory and installs the CRD.
+    pub async fn start() -> Result<Self> {
+        let temp = tempfile::Builder::new()
+            .prefix("lanepool-testenv-")
+            .tempdir()
+            .map_err(io("creating a temporary directory"))?;
+        let dir = temp.path().to_path_buf();
+        let mut plane = Self::start_in(&dir, Lifetime::Process).await?;
+        plane._temp = Some(temp);
+        Ok(plane)
+    }
+
+    /// Starts in `dir`, which is kept; with `Lifetime::Detached` the processes outlive us.
+    pub async fn start_in(dir: &Path, lifetime: Lifetime) -> Result<Self> {
+        let began = Instant::now();
+        let etcd_bin = tool("etcd")?;
+        let apiserver_bin = tool("kube-apiserver")?;
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let certs = certs::write(dir)?;
+
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd = Process::start(
+            "etcd",
+            &etcd_bin,
+            &[
+                "--name=testenv".into(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=testenv={peer_url}"),
+                // A test cluster needs no durability; fsync is most of etcd's write latency.
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+            dir.join("etcd.log"),
+            lifetime,
+        )?;
+
+        let port = free_port()?;
+        let apiserver = Process::start(
+            "kube-apiserver",
+            &apiserver_bin,
+            &apiserver_args(&certs, &etcd_url, port, dir),
+            dir.join("kube-apiserver.log"),
+            lifetime,
+        )?;
+
+        let url = format!("https://127.0.0.1:{port}");
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&url, &certs))
+            .map_err(io(format!("writing {}", kubeconfig.display())))?;
+        let mut plane = Self {
+            dir: dir.to_path_buf(),
+            _temp: None,
+            processes: vec![etcd, apiserver],
+            url,
+            kubeconfig,
+            startup: Duration::ZERO,
+        };
+        if lifetime == Lifetime::Detached {
+            let pids: Vec<String> = plane
+                .processes
+                .iter()
+                .map(|p| p.child.id().to_string())
+                .collect();
+            std::fs::write(dir.join("pids"), pids.join("\n") + "\n")
+                .map_err(io("writing the pid file"))?;
+        }
+        plane.wait_ready().await?;
+        plane.install_crd().await?;
+        plane.startup = began.elapsed();
+        Ok(plane)
+    }
+
+    /// The API server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A kubeconfig file for kubectl and kube clients, as the admin user.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory holding certificates, data and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The pids of etcd and kube-apiserver.
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().map(|p| p.child.id()).collect()
+    }
+
+    /// Lets the processes go on running after this value is dropped.
+    pub fn detach(mut self) {
+        for process in std::mem::take(&mut self.processes) {
+            std::mem::forget(process);
+        }
+    }
+
+    /// A new client as the admin user. Make one per test: a client belongs to the tokio
+    /// runtime it was made in.
+    pub async fn client(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Creates a namespace with a unique name starting with `prefix`.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String> {
+        let name = unique_name(prefix);
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name }
+        }))
+        .expect("a namespace literal");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        Ok(name)
+    }
+
+    /// Deletes a namespace made by [`Self::namespace`]; without a namespace controller, its
+    /// objects stay in etcd, which dies with the control plane.
+    pub async fn delete_namespace(&self, client: &Client, name: &str) -> Result<()> {
+        Api::<Namespace>::all(client.clone())
+            .delete(name, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let client = self.client().await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("a static request");
+            if let Ok(body) = client.request_text(request).await
+                && body.trim() == "ok"
+            {
+                return Ok(());
+            }
+            if let Some(dead) = self
+                .processes
+                .iter_mut()
+                .find_map(|p| p.exited().then_some(p))
+            {
+                return Err(TestEnvError::NotReady {
+                    what: format!("{} (it exited)", dead.name),
+                    seconds: 0,
+                    log: dead.log_tail(),
+                });
+            }
+            if Instant::now() > deadline {
+                return Err(TestEnvError::NotReady {
+                    what: "kube-apiserver".into(),
+                    seconds: READY_TIMEOUT.as_secs(),
+                    log: self.processes[1].log_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn install_crd(&self) -> Result<()> {
+        let client = self.client().await?;
+        let crds = Api::<CustomResourceDefinition>::all(client);
+        let crd = lanepool_crd();
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.create(&PostParams::default(), &crd).await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            let established = crds
+                .get(&name)
+                .await?
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(TestEnvError::NotReady {
+            what: format!("the CRD {name}"),
+            seconds: READY_TIMEOUT.as_secs(),
+            log: String::new(),
+        })
+    }
+}
+
+fn apiserver_args(certs: &CertFiles, etcd_url: &str, port: u16, dir: &Path) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        format!("--etcd-servers={etcd_url}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+        format!("--tls-cert-file={}", path(&certs.serving_cert)),
+        format!("--tls-private-key-file={}", path(&certs.serving_key)),
+        format!("--client-ca-file={}", path(&certs.ca)),
+        format!(
+            "--service-account-key-file={}",
+            path(&certs.service_account_public_key)
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            path(&certs.service_account_key)
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        "--service-cluster-ip-range=10.0.0.0/24".into(),
+        "--authorization-mode=RBAC".into(),
+        "--allow-privileged=true".into(),
+        // No controller-manager runs: nothing would create service-account tokens or the
+        // kubernetes Service endpoints.
+        "--disable-admission-plugins=ServiceAccount".into(),
+        "--endpoint-reconciler-type=none".into(),
+        "--enable-priority-and-fairness=false".into(),
+        "--profiling=false".into(),
+        "--v=0".into(),
+    ]
+}
+
+fn kubeconfig_yaml(url: &str, certs: &CertFiles) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: testenv
+  cluster:
+    server: {url}
+    certificate-authority: {ca}
+users:
+- name: admin
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: testenv
+  context:
+    cluster: testenv
+    user: admin
+current-context: testenv
+",
+        ca = certs.ca.display(),
+        cert = certs.admin_cert.display(),
+        key = certs.admin_key.display(),
+    )
+}
+
+/// A name no other test in this run has: `prefix`, the process id and a counter.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{:x}{:x}-{}",
+        std::process::id() & 0xfff,
+        nanos & 0xfff,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl ControlPlane {
+    /// Stops the processes and removes the directory now, without waiting for drop.
+    pub fn shutdown(&mut self) {
+        for process in &mut self.processes {
+            process.stop(Duration::from_secs(5));
+        }
+        self.processes.clear();
+        if let Some(temp) = self._temp.take() {
+            let _ = temp.close();
+        }
+    }
+}
+
+static SHARED: std::sync::Mutex<Option<&'static std::sync::Mutex<ControlPlane>>> =
+    std::sync::Mutex::new(None);
+
+/// The control plane shared by every test in this test binary, started on first use. It is
+/// stopped when the binary exits (an `atexit` hook), or killed by the kernel if the binary dies.
+pub fn shared() -> Result<&'static std::sync::Mutex<ControlPlane>> {
+    let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(plane) = *slot {
+        return Ok(plane);
+    }
+    // Started on a thread of its own: the caller may be inside a tokio runtime.
+    let plane = std::thread::spawn(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(io("building a runtime"))?
+            .block_on(ControlPlane::start())
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+    let plane: &'static std::sync::Mutex<ControlPlane> =
+        Box::leak(Box::new(std::sync::Mutex::new(plane)));
+    *slot = Some(plane);
+    extern "C" fn stop_shared() {
+        if let Ok(slot) = SHARED.lock()
+            && let Some(plane) = *slot
+        {
+            plane.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+        }
+    }
+    // SAFETY: registering a plain extern "C" function with no arguments.
+    unsafe { libc::atexit(stop_shared) };
+    Ok(plane)
+}

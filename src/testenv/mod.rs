@@ -1,0 +1,78 @@
+//! A real local control plane for tests and the demo: etcd, kube-apiserver and Prometheus as
+//! processes on 127.0.0.1, the way envtest does it for Go operators. Only behind the `testenv`
+//! feature; it must never leave a process running after the process that started it is gone.
+
+mod certs;
+mod control_plane;
+mod process;
+mod prometheus;
+mod worker_metrics;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+pub use control_plane::{ControlPlane, shared, unique_name};
+pub use process::{Lifetime, process_alive, terminate_pid};
+pub use prometheus::TestPrometheus;
+pub use worker_metrics::SimulatedWorkers;
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TestEnvError {
+    #[error("{tool} is not built at {path}: run ./tests/setup.sh")]
+    ToolMissing { tool: String, path: PathBuf },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("generating certificates: {0}")]
+    Certificates(#[from] rcgen::Error),
+    #[error("{what} did not become ready within {seconds} s; the end of its log:\n{log}")]
+    NotReady {
+        what: String,
+        seconds: u64,
+        log: String,
+    },
+    #[error("kube client: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+}
+
+pub type Result<T, E = TestEnvError> = std::result::Result<T, E>;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestEnvError {
+    let what = what.into();
+    move |source| TestEnvError::Io { what, source }
+}
+
+/// Where tests/tools/build.sh puts the pinned binaries.
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("LANEPOOL_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tools"))
+}
+
+/// A pinned tool, or a clear error when it has not been built.
+pub fn tool(name: &str) -> Result<PathBuf> {
+    let path = tools_dir().join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(TestEnvError::ToolMissing {
+            tool: name.into(),
+            path,
+        })
+    }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(io("finding a free port"))?
+        .port())
+}

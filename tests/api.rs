@@ -1,0 +1,313 @@
+//! The LanePool API against a real kube-apiserver: the CRD installs, the example is accepted and
+//! read back intact, every field round-trips, and bad manifests are refused naming the field.
+
+use std::collections::BTreeMap;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, Status};
+use kube::{Client, Resource};
+use lanepool::api::*;
+use lanepool::duration::KubeDuration;
+use lanepool::testenv;
+use serde_json::{Value, json};
+
+async fn client_and_namespace() -> (Client, String) {
+    let plane = testenv::shared().expect("the control plane starts");
+    let plane = plane.lock().unwrap_or_else(|p| p.into_inner());
+    let client = plane.client().await.expect("a client");
+    let namespace = plane.namespace(&client, "api").await.expect("a namespace");
+    (client, namespace)
+}
+
+fn example() -> Value {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/lanepool.yaml"
+    ))
+    .expect("examples/lanepool.yaml");
+    serde_yaml::from_str(&yaml).expect("the example is YAML")
+}
+
+fn lanepools(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &ApiResource::erase::<LanePool>(&()),
+    )
+}
+
+async fn create(
+    client: &Client,
+    namespace: &str,
+    manifest: Value,
+) -> Result<DynamicObject, kube::Error> {
+    let object: DynamicObject = serde_json::from_value(manifest).expect("a manifest");
+    lanepools(client, namespace)
+        .create(&PostParams::default(), &object)
+        .await
+}
+
+/// Applies `change` to the example's spec and returns what the API server says.
+async fn refused(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    change: impl FnOnce(&mut Value),
+) -> Status {
+    let mut manifest = example();
+    manifest["metadata"]["name"] = json!(name);
+    change(&mut manifest["spec"]);
+    match create(client, namespace, manifest).await {
+        Err(kube::Error::Api(response)) => *response,
+        other => panic!("{name}: expected the API server to refuse it, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_example_is_accepted_and_read_back_intact() {
+    let (client, namespace) = client_and_namespace().await;
+    let created = create(&client, &namespace, example())
+        .await
+        .expect("the example is accepted");
+    let api: Api<LanePool> = Api::namespaced(client, &namespace);
+    let pool = api
+        .get(&created.metadata.name.clone().unwrap())
+        .await
+        .expect("read back");
+    let expected: LanePoolSpec = serde_json::from_value(example()["spec"].clone()).unwrap();
+    assert_eq!(pool.spec, expected);
+    assert_eq!(
+        pool.spec.lanes[0].reserve.as_ref().unwrap().sizing,
+        SizingMode::Formula
+    );
+}
+
+#[tokio::test]
+async fn defaults_are_filled_in_by_the_api_server() {
+    let (client, namespace) = client_and_namespace().await;
+    let manifest = json!({
+        "apiVersion": "lanepool.dev/v1alpha1", "kind": "LanePool",
+        "metadata": {"name": "minimal"},
+        "spec": {
+            "lanes": [{"name": "urgent", "reserve": {"max": 4}}, {"name": "batch"}],
+            "shared": {"replicas": 8},
+            "template": {"spec": {"containers": [{"name": "w", "image": "w:1"}]}}
+        }
+    });
+    let created = create(&client, &namespace, manifest)
+        .await
+        .expect("accepted");
+    let spec = &created.data["spec"];
+    assert_eq!(spec["headroom"], json!(1.5));
+    assert_eq!(spec["interval"], json!("30s"));
+    assert_eq!(spec["lanes"][0]["reserve"]["min"], json!(1));
+    assert_eq!(spec["lanes"][0]["reserve"]["sizing"], json!("Formula"));
+    assert_eq!(spec["shared"]["minReplicas"], json!(1));
+}
+
+#[tokio::test]
+async fn every_field_round_trips_through_the_api() {
+    let (client, namespace) = client_and_namespace().await;
+    let template = serde_json::from_value(json!({
+        "metadata": {"labels": {"app": "worker"}, "annotations": {"a": "b"}},
+        "spec": {"containers": [{"name": "worker", "image": "w:1", "args": ["--x"],
+                 "env": [{"name": "K", "value": "V"}]}]}
+    }))
+    .unwrap();
+    let secret = |name: &str| k8s_openapi::api::core::v1::SecretKeySelector {
+        name: name.into(),
+        key: "key".into(),
+        optional: Some(false),
+    };
+    let spec = LanePoolSpec {
+        lanes: vec![
+            Lane {
+                name: "urgent".into(),
+                reserve: Some(Reserve {
+                    min: 2,
+                    max: 7,
+                    sizing: SizingMode::Formula,
+                    arrival_rate: Some(MetricQuery {
+                        query: Some("sum(rate(x[1m]))".into()),
+                    }),
+                    job_time: Some(JobTimeQuery {
+                        query: Some("avg(y)".into()),
+                        fallback: Some(KubeDuration::new("25ms")),
+                    }),
+                }),
+            },
+            Lane {
+                name: "interactive".into(),
+                reserve: Some(Reserve {
+                    min: 0,
+                    max: 1,
+                    sizing: SizingMode::Formula,
+                    arrival_rate: None,
+                    job_time: None,
+                }),
+            },
+            Lane {
+                name: "batch".into(),
+                reserve: None,
+            },
+        ],
+        headroom: 1.25,
+        total_workers: Some(20),
+        shared: Some(SharedWorkers {
+            replicas: None,
+            min_replicas: 3,
+        }),
+        template,
+        prometheus: Some(PrometheusSource {
+            url: Some("https://prometheus.example:9090".into()),
+            timeout: Some(KubeDuration::new("2s")),
+            bearer_token_secret: Some(secret("token")),
+            ca_secret: Some(secret("ca")),
+            headers: BTreeMap::from([("X-Scope-OrgID".to_string(), "team-a".to_string())]),
+        }),
+        interval: KubeDuration::new("45m30s"),
+        scale_down: Some(ScaleDown {
+            stabilization_window: KubeDuration::new("0"),
+        }),
+        on_metrics_unavailable: Some(OnMetricsUnavailable {
+            action: MetricsUnavailableAction::FixedReserve,
+            reserve: Some(3),
+        }),
+        paused: true,
+    };
+    let api: Api<LanePool> = Api::namespaced(client, &namespace);
+    let mut pool = LanePool::new("everything", spec.clone());
+    pool.meta_mut().namespace = Some(namespace.clone());
+    api.create(&PostParams::default(), &pool)
+        .await
+        .expect("accepted");
+    let read = api.get("everything").await.expect("read back");
+    assert_eq!(read.spec, spec);
+}
+
+#[tokio::test]
+async fn bad_manifests_are_refused_with_the_field_named() {
+    let (client, ns) = client_and_namespace().await;
+    type Change = Box<dyn FnOnce(&mut Value)>;
+    let cases: Vec<(&str, Change, &[&str])> = vec![
+        (
+            "zero-headroom",
+            Box::new(|s| s["headroom"] = json!(0)),
+            &["spec.headroom"],
+        ),
+        (
+            "negative-headroom",
+            Box::new(|s| s["headroom"] = json!(-1.5)),
+            &["spec.headroom"],
+        ),
+        (
+            "huge-headroom",
+            Box::new(|s| s["headroom"] = json!(11)),
+            &["spec.headroom"],
+        ),
+        (
+            "min-above-max",
+            Box::new(|s| s["lanes"][0]["reserve"]["min"] = json!(7)),
+            &[
+                "spec.lanes[0].reserve",
+                "reserve.min must not exceed reserve.max",
+            ],
+        ),
+        (
+            "duplicate-lanes",
+            Box::new(|s| s["lanes"][1]["name"] = json!("urgent")),
+            &["spec.lanes", "lane names must be unique"],
+        ),
+        (
+            "no-reserve-lane",
+            Box::new(|s| {
+                s["lanes"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("reserve")
+                    .map(drop)
+                    .unwrap_or(())
+            }),
+            &["spec.lanes", "at least one lane needs a reserve"],
+        ),
+        (
+            "every-lane-reserved",
+            Box::new(|s| s["lanes"][1]["reserve"] = json!({"max": 1})),
+            &["spec.lanes", "at least one lane must have no reserve"],
+        ),
+        (
+            "both-pool-sizes",
+            Box::new(|s| s["shared"]["replicas"] = json!(8)),
+            &["spec.totalWorkers", "exactly one pool size"],
+        ),
+        (
+            "no-pool-size",
+            Box::new(|s| {
+                s.as_object_mut().unwrap().remove("totalWorkers");
+            }),
+            &["spec.totalWorkers", "exactly one pool size"],
+        ),
+        (
+            "budget-too-small",
+            Box::new(|s| s["totalWorkers"] = json!(7)),
+            &["spec.totalWorkers", "at least the sum"],
+        ),
+        (
+            "unknown-sizing-mode",
+            Box::new(|s| s["lanes"][0]["reserve"]["sizing"] = json!("Guess")),
+            &["spec.lanes[0].reserve.sizing", "Unsupported value"],
+        ),
+        (
+            "malformed-interval",
+            Box::new(|s| s["interval"] = json!("30")),
+            &["spec.interval"],
+        ),
+        (
+            "interval-too-short",
+            Box::new(|s| s["interval"] = json!("1s")),
+            &["spec.interval", "between 5s and 1h"],
+        ),
+        (
+            "empty-lanes",
+            Box::new(|s| s["lanes"] = json!([])),
+            &["spec.lanes"],
+        ),
+        (
+            "lane-not-a-dns-label",
+            Box::new(|s| s["lanes"][0]["name"] = json!("Urgent_Lane")),
+            &["spec.lanes[0].name"],
+        ),
+        (
+            "fixed-reserve-without-reserve",
+            Box::new(|s| s["onMetricsUnavailable"] = json!({"action": "FixedReserve"})),
+            &["spec.onMetricsUnavailable", "FixedReserve"],
+        ),
+        (
+            "prometheus-not-http",
+            Box::new(|s| s["prometheus"]["url"] = json!("ftp://prometheus")),
+            &["spec.prometheus.url"],
+        ),
+        (
+            "negative-window",
+            Box::new(|s| s["scaleDown"]["stabilizationWindow"] = json!("-5m")),
+            &["spec.scaleDown.stabilizationWindow"],
+        ),
+        (
+            "zero-fallback",
+            Box::new(|s| s["lanes"][0]["reserve"]["jobTime"]["fallback"] = json!("0s")),
+            &["spec.lanes[0].reserve.jobTime.fallback"],
+        ),
+    ];
+    assert!(cases.len() >= 12);
+    let mut failures = Vec::new();
+    for (name, change, expected) in cases {
+        let error = refused(&client, &ns, name, change).await;
+        if error.code != 422 || !expected.iter().all(|e| error.message.contains(e)) {
+            failures.push(format!(
+                "{name}: code {} message {:?}, wanted {expected:?}",
+                error.code, error.message
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
