@@ -10,5 +10,6 @@ pub mod sizing;
 pub use error::{Error, Result};
 pub mod crd;
 pub mod plan;
+pub mod simulate;
 #[cfg(feature = "testenv")]
 pub mod testenv;

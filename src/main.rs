@@ -22,6 +22,9 @@ enum Command {
     Crd,
     /// Size a reserve from a measured load: ceil(arrival rate × job time × headroom).
     Plan(PlanArgs),
+    /// Simulate a pool with an urgent lane and a batch backlog: latency and throughput of a
+    /// split, the guide's table, or the operator's sizing in a closed loop.
+    Simulate(Box<lanepool::simulate::cli::SimulateArgs>),
 }
 
 #[derive(clap::Args)]
@@ -59,6 +62,16 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::FAILURE
+            }
+        },
+        Command::Simulate(args) => match lanepool::simulate::command::run(&args) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(e.exit_code())
             }
         },
         Command::Plan(args) => match check_plan(&args) {

@@ -1,0 +1,354 @@
+//! The flags of `lanepool simulate` and their checks: every value from the user is checked
+//! here, and a bad one is refused with the flag named, before anything runs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+use super::arrivals::ArrivalKind;
+use super::error::SimulateError;
+use super::profile::RateProfile;
+use super::scenario::{Arrangement, Autoscale, Scenario, nanos};
+use crate::duration;
+use crate::sizing::{LaneSizing, PoolSize, PoolSizing, UnavailablePolicy};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ArrangementArg {
+    Fifo,
+    Strict,
+    Dedicated,
+    ReservedShared,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ArrivalsArg {
+    Even,
+    Poisson,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PoolSizeArg {
+    /// A fixed budget of --workers: shared = workers − reserved (LanePool totalWorkers).
+    Budget,
+    /// Fixed shared workers (--workers − --reserved); reserved come on top (shared.replicas).
+    Shared,
+}
+
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    duration::parse(value).map_err(|e| e.to_string())
+}
+
+/// Simulate a worker pool with an urgent lane and a batch backlog.
+#[derive(clap::Args, Debug, Clone)]
+#[command(allow_negative_numbers = true)]
+pub struct SimulateArgs {
+    /// How workers are assigned to lanes.
+    #[arg(long, value_enum, default_value = "reserved-shared")]
+    pub arrangement: ArrangementArg,
+    /// Workers in the pool (the budget with --autoscale).
+    #[arg(long, default_value_t = 10)]
+    pub workers: u32,
+    /// Urgent-only workers (dedicated and reserved-shared); default 2. With --autoscale, the
+    /// opening reserve comes from the sizing instead.
+    #[arg(long)]
+    pub reserved: Option<u32>,
+    /// Urgent arrival rate, jobs per second (the peak with --urgent-profile day). Default 30.
+    #[arg(long, value_name = "JOBS_PER_SECOND")]
+    pub urgent_rate: Option<f64>,
+    /// Urgent rate over time, such as 0s=30,120s=150,180s=30; or `day`: a day's shape over
+    /// --duration, peaking at --urgent-rate.
+    #[arg(long, value_name = "PROFILE")]
+    pub urgent_profile: Option<String>,
+    /// Urgent job time in milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub urgent_ms: f64,
+    /// Batch job time in milliseconds: uniform LOW..HIGH, or one value.
+    #[arg(long, default_value = "100..300")]
+    pub batch_ms: String,
+    /// Batch jobs queued at the start.
+    #[arg(long, default_value_t = 2000)]
+    pub backlog: u64,
+    /// Length of the run: urgent jobs are submitted and completions counted within it.
+    #[arg(long, default_value = "8s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, value_enum, default_value = "even")]
+    pub arrivals: ArrivalsArg,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputArg,
+    /// Width of each time-series window. Default: 1s, or --interval with --autoscale.
+    #[arg(long, value_parser = parse_duration)]
+    pub window: Option<Duration>,
+    /// Write the time series as CSV to this file.
+    #[arg(long, value_name = "FILE.csv")]
+    pub series: Option<PathBuf>,
+    /// Draw urgent rate, reserve, urgent p99 and batch throughput over time as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+
+    /// Print the guide's 4 × 2 table, our figures beside the guide's.
+    #[arg(long)]
+    pub guide_table: bool,
+    /// Time the guide's 8 cells and a 10-minute day at 150/s, and print the timings.
+    #[arg(long)]
+    pub bench: bool,
+
+    /// Run the operator's sizing decision in the loop (reserved-shared or dedicated).
+    #[arg(long)]
+    pub autoscale: bool,
+    /// How the pool's size is set with --autoscale.
+    #[arg(long, value_enum, default_value = "budget")]
+    pub pool_size: PoolSizeArg,
+    /// How often the operator measures and resizes.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// A reserve shrinks only to the highest recommendation inside this window.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub stabilization_window: Duration,
+    /// Multiplies busy workers; more than 0, at most 10.
+    #[arg(long, default_value_t = 1.5)]
+    pub headroom: f64,
+    /// Fewest reserved workers.
+    #[arg(long, default_value_t = 1)]
+    pub reserve_min: i32,
+    /// Most reserved workers. Default: --workers − --shared-min (budget), or --workers.
+    #[arg(long)]
+    pub reserve_max: Option<i32>,
+    /// Fewest shared workers in budget mode.
+    #[arg(long, default_value_t = 1)]
+    pub shared_min: i32,
+    /// Trailing window of the arrival-rate query.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub rate_window: Duration,
+    /// Trailing window of the job-time query.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub job_time_window: Duration,
+    /// Age of Prometheus's newest sample when the operator asks.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub scrape_delay: Duration,
+    /// From a role change (or a new pod) to the worker taking jobs.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub pod_start: Duration,
+}
+
+fn check(
+    ok: bool,
+    flag: &'static str,
+    reason: impl FnOnce() -> String,
+) -> Result<(), SimulateError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(SimulateError::flag(flag, reason()))
+    }
+}
+
+/// Reads `100..300` or `20` as milliseconds.
+pub fn parse_millis_range(text: &str) -> Result<(f64, f64), SimulateError> {
+    let bad = || {
+        SimulateError::flag(
+            "--batch-ms",
+            format!("{text:?} is not LOW..HIGH milliseconds, such as 100..300"),
+        )
+    };
+    let number = |s: &str| s.trim().parse::<f64>().map_err(|_| bad());
+    let (low, high) = match text.split_once("..") {
+        Some((low, high)) => (number(low)?, number(high)?),
+        None => (number(text)?, number(text)?),
+    };
+    check(
+        low.is_finite() && high.is_finite() && low > 0.0 && low <= high,
+        "--batch-ms",
+        || format!("{text:?}: LOW must be more than 0 and at most HIGH"),
+    )?;
+    Ok((low, high))
+}
+
+fn millis_to_nanos(ms: f64) -> u64 {
+    (ms * 1e6).round() as u64
+}
+
+const MOST_WORKERS: u32 = 10_000;
+const LONGEST_RUN: Duration = Duration::from_secs(31 * 24 * 3600);
+
+impl SimulateArgs {
+    pub fn arrangement(&self) -> Arrangement {
+        match self.arrangement {
+            ArrangementArg::Fifo => Arrangement::Fifo,
+            ArrangementArg::Strict => Arrangement::Strict,
+            ArrangementArg::Dedicated => Arrangement::Dedicated,
+            ArrangementArg::ReservedShared => Arrangement::ReservedShared,
+        }
+    }
+
+    /// The checked scenario these flags describe.
+    pub fn scenario(&self) -> Result<Scenario, SimulateError> {
+        let arrangement = self.arrangement();
+        check(
+            (1..=MOST_WORKERS).contains(&self.workers),
+            "--workers",
+            || format!("{} must be from 1 to {MOST_WORKERS}", self.workers),
+        )?;
+        let reserved = match (self.reserved, arrangement.reserves()) {
+            (Some(r), false) if r > 0 => {
+                return Err(SimulateError::flag(
+                    "--reserved",
+                    format!("{} has no reserved workers", arrangement.name()),
+                ));
+            }
+            (_, false) => 0,
+            (r, true) => r.unwrap_or(2),
+        };
+        check(reserved <= self.workers, "--reserved", || {
+            format!("{reserved} is more than --workers {}", self.workers)
+        })?;
+        check(
+            self.urgent_ms.is_finite() && self.urgent_ms > 0.0,
+            "--urgent-ms",
+            || format!("{} must be more than 0", self.urgent_ms),
+        )?;
+        let (low, high) = parse_millis_range(&self.batch_ms)?;
+        check(
+            self.duration > Duration::ZERO && self.duration <= LONGEST_RUN,
+            "--duration",
+            || "must be more than 0 and at most 31 days".into(),
+        )?;
+        let rate = self.urgent_rate.unwrap_or(30.0);
+        check(rate.is_finite() && rate >= 0.0, "--urgent-rate", || {
+            format!("{rate} must be 0 or more")
+        })?;
+        let profile = match self.urgent_profile.as_deref() {
+            None => RateProfile::constant(rate),
+            Some("day") => RateProfile::day(rate, self.duration.as_secs_f64()),
+            Some(steps) => {
+                check(self.urgent_rate.is_none(), "--urgent-rate", || {
+                    "give --urgent-rate or a step --urgent-profile, not both".into()
+                })?;
+                RateProfile::parse(steps)?
+            }
+        };
+        let autoscale = if self.autoscale {
+            check(arrangement.reserves(), "--autoscale", || {
+                format!(
+                    "{} has no reserve to size; use reserved-shared or dedicated",
+                    arrangement.name()
+                )
+            })?;
+            Some(self.autoscale_config(reserved)?)
+        } else {
+            None
+        };
+        let default_window = if self.autoscale {
+            self.interval
+        } else {
+            Duration::from_secs(1)
+        };
+        let window = self.window.unwrap_or(default_window);
+        check(window > Duration::ZERO, "--window", || {
+            "must be more than 0".into()
+        })?;
+        check(
+            self.duration.as_secs_f64() / window.as_secs_f64() <= 1e6,
+            "--window",
+            || "too small for --duration: more than a million windows".into(),
+        )?;
+        Ok(Scenario {
+            arrangement,
+            workers: self.workers,
+            reserved,
+            urgent_job: millis_to_nanos(self.urgent_ms),
+            batch_job: (millis_to_nanos(low), millis_to_nanos(high)),
+            backlog: self.backlog,
+            duration: nanos(self.duration),
+            drain: 0,
+            arrivals: match self.arrivals {
+                ArrivalsArg::Even => ArrivalKind::Even,
+                ArrivalsArg::Poisson => ArrivalKind::Poisson,
+            },
+            profile,
+            seed: self.seed,
+            autoscale,
+            window: nanos(window),
+        })
+    }
+
+    fn autoscale_config(&self, reserved: u32) -> Result<Autoscale, SimulateError> {
+        let workers = self.workers as i32;
+        check(
+            self.headroom > 0.0 && self.headroom <= 10.0,
+            "--headroom",
+            || format!("{} must be more than 0 and at most 10", self.headroom),
+        )?;
+        check(
+            self.interval >= Duration::from_secs(1),
+            "--interval",
+            || "must be at least 1s".into(),
+        )?;
+        check(
+            self.rate_window >= Duration::from_secs(1),
+            "--rate-window",
+            || "must be at least 1s".into(),
+        )?;
+        check(
+            self.job_time_window >= Duration::from_secs(1),
+            "--job-time-window",
+            || "must be at least 1s".into(),
+        )?;
+        check(self.reserve_min >= 0, "--reserve-min", || {
+            format!("{} must be 0 or more", self.reserve_min)
+        })?;
+        check(self.shared_min >= 0, "--shared-min", || {
+            format!("{} must be 0 or more", self.shared_min)
+        })?;
+        let (size, default_max) = match self.pool_size {
+            PoolSizeArg::Budget => (
+                PoolSize::Budget {
+                    total: workers,
+                    shared_min: self.shared_min,
+                },
+                workers - self.shared_min,
+            ),
+            PoolSizeArg::Shared => (
+                PoolSize::Shared {
+                    replicas: workers - reserved as i32,
+                },
+                workers,
+            ),
+        };
+        let max = self.reserve_max.unwrap_or(default_max);
+        check(max >= self.reserve_min.max(1), "--reserve-max", || {
+            format!("{max} must be at least 1 and at least --reserve-min")
+        })?;
+        if let PoolSize::Budget { total, shared_min } = size {
+            check(max + shared_min <= total, "--reserve-max", || {
+                format!("{max} plus --shared-min {shared_min} is more than --workers {total}")
+            })?;
+        }
+        Ok(Autoscale {
+            sizing: PoolSizing {
+                lanes: vec![LaneSizing {
+                    name: super::autoscale::LANE.to_string(),
+                    min: self.reserve_min,
+                    max,
+                }],
+                headroom: self.headroom,
+                size,
+                stabilization_window: self.stabilization_window,
+                on_unavailable: UnavailablePolicy::Hold,
+            },
+            interval: nanos(self.interval),
+            rate_window: nanos(self.rate_window),
+            job_time_window: nanos(self.job_time_window),
+            scrape_delay: nanos(self.scrape_delay),
+            pod_start: nanos(self.pod_start),
+        })
+    }
+}

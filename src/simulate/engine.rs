@@ -1,0 +1,253 @@
+//! The discrete-event loop: urgent arrivals, job completions, workers starting up and the
+//! operator's evaluations, taken in time order (ties: workers, then the operator, then
+//! arrivals). Workers never preempt; a worker takes the first non-empty lane it prefers.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::arrivals::Arrivals;
+use super::autoscale::Control;
+use super::observe::Observed;
+use super::outcome::{Outcome, WindowCounts};
+use super::pool::{Lane, Lanes, Pool, State};
+use super::rng::Pcg32;
+use super::scenario::{Nanos, Role, Scenario, seconds};
+use crate::sizing::PoolSize;
+
+/// Runs a scenario to its end.
+pub fn run(scenario: &Scenario) -> Outcome {
+    Engine::new(scenario).run()
+}
+
+struct Engine<'a> {
+    scenario: &'a Scenario,
+    pool: Pool,
+    lanes: Lanes,
+    /// (when, order of scheduling, worker): a job ends or a start-up is over.
+    events: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
+    scheduled: u64,
+    batch_times: Pcg32,
+    arrivals: Arrivals<'a>,
+    next_arrival: Option<Nanos>,
+    control: Option<Control>,
+    next_evaluation: Option<Nanos>,
+    observed: Observed,
+    outcome: Outcome,
+}
+
+fn to_nanos(seconds: f64) -> Nanos {
+    (seconds * 1e9).round() as Nanos
+}
+
+impl<'a> Engine<'a> {
+    fn new(scenario: &'a Scenario) -> Self {
+        let windows = scenario.duration.div_ceil(scenario.window.max(1)) as usize;
+        let control = scenario.autoscale.clone().map(|config| {
+            Control::start(
+                config,
+                scenario.profile.rate_at(0.0),
+                seconds(scenario.urgent_job),
+            )
+        });
+        let reserved = control
+            .as_ref()
+            .map_or(scenario.reserved, |c| c.reserve.max(0) as u32);
+        let unreserved = match (&control, scenario.arrangement.reserves()) {
+            (Some(c), _) => c.shared.max(0) as u32,
+            (None, true) => scenario.workers.saturating_sub(reserved),
+            (None, false) => scenario.workers,
+        };
+        let next_evaluation = control.as_ref().map(|c| c.config.interval);
+        let mut engine = Self {
+            scenario,
+            pool: Pool::default(),
+            lanes: Lanes {
+                batch: scenario.backlog,
+                ..Lanes::default()
+            },
+            events: BinaryHeap::new(),
+            scheduled: 0,
+            batch_times: Pcg32::new(scenario.seed, 2),
+            arrivals: Arrivals::new(
+                &scenario.profile,
+                scenario.arrivals,
+                Pcg32::new(scenario.seed, 1),
+            ),
+            next_arrival: None,
+            control,
+            next_evaluation,
+            observed: Observed::default(),
+            outcome: Outcome {
+                duration: scenario.duration,
+                window: scenario.window.max(1),
+                windows: vec![WindowCounts::default(); windows.max(1)],
+                reserve_steps: vec![(0, reserved)],
+                autoscaled: scenario.autoscale.is_some(),
+                ..Outcome::default()
+            },
+        };
+        let roles = std::iter::repeat_n(Role::UrgentOnly, reserved as usize).chain(
+            std::iter::repeat_n(scenario.arrangement.unreserved_role(), unreserved as usize),
+        );
+        for role in roles {
+            let id = engine.pool.add(role, State::Starting);
+            engine.take_work(id, 0);
+        }
+        engine.next_arrival = engine.draw_arrival();
+        engine
+    }
+
+    fn draw_arrival(&mut self) -> Option<Nanos> {
+        self.arrivals
+            .next_seconds()
+            .map(to_nanos)
+            .filter(|at| *at < self.scenario.duration)
+    }
+
+    fn window(&mut self, at: Nanos) -> &mut WindowCounts {
+        let last = self.outcome.windows.len() - 1;
+        let i = ((at / self.outcome.window) as usize).min(last);
+        &mut self.outcome.windows[i]
+    }
+
+    fn schedule(&mut self, at: Nanos, worker: usize) {
+        self.scheduled += 1;
+        self.events.push(Reverse((at, self.scheduled, worker)));
+    }
+
+    fn run(mut self) -> Outcome {
+        loop {
+            let worker = self.events.peek().map(|Reverse((at, _, _))| *at);
+            let evaluation = self
+                .next_evaluation
+                .filter(|at| *at < self.scenario.duration);
+            let arrival = self.next_arrival;
+            let first = [worker, evaluation, arrival].into_iter().flatten().min();
+            match first {
+                Some(at)
+                    if worker == Some(at) && at <= self.scenario.duration + self.scenario.drain =>
+                {
+                    if let Some(Reverse((at, _, id))) = self.events.pop() {
+                        self.worker_event(id, at);
+                    }
+                }
+                Some(at) if evaluation == Some(at) => self.evaluate(at),
+                Some(at) if arrival == Some(at) => self.arrive(at),
+                _ => break,
+            }
+        }
+        self.outcome
+    }
+
+    fn arrive(&mut self, at: Nanos) {
+        self.outcome.urgent_submitted += 1;
+        self.window(at).urgent_submitted += 1;
+        self.observed.submitted(at);
+        self.lanes.urgent.push_back(at);
+        if let Some(id) = self.pool.wake_for_urgent() {
+            self.take_work(id, at);
+        }
+        self.next_arrival = self.draw_arrival();
+    }
+
+    fn worker_event(&mut self, id: usize, at: Nanos) {
+        match self.pool.workers[id].state {
+            State::Busy { lane, submitted } => {
+                self.finish(lane, submitted, at);
+                let start = self.pod_start();
+                let worker = &mut self.pool.workers[id];
+                if let Some(role) = worker.next.take() {
+                    worker.role = role;
+                    worker.state = State::Starting;
+                    self.schedule(at + start, id);
+                } else if worker.leaving {
+                    worker.state = State::Gone;
+                } else {
+                    self.take_work(id, at);
+                }
+            }
+            State::Starting => self.take_work(id, at),
+            // A departed worker's start-up that no longer matters.
+            State::Idle | State::Gone => {}
+        }
+    }
+
+    fn finish(&mut self, lane: Lane, submitted: Nanos, at: Nanos) {
+        match lane {
+            Lane::Urgent => {
+                self.outcome.urgent_latencies.push(at - submitted);
+                self.window(at).urgent_completed += 1;
+                self.observed.finished(at, self.scenario.urgent_job);
+            }
+            Lane::Batch => {
+                self.outcome.batch_completed += 1;
+                self.window(at).batch_completed += 1;
+            }
+        }
+    }
+
+    fn take_work(&mut self, id: usize, at: Nanos) {
+        let role = self.pool.workers[id].role;
+        match self.lanes.take(role) {
+            Some((lane, submitted)) => {
+                let job = match lane {
+                    Lane::Urgent => self.scenario.urgent_job,
+                    Lane::Batch => {
+                        let (low, high) = self.scenario.batch_job;
+                        self.batch_times.between(low, high)
+                    }
+                };
+                self.pool.workers[id].state = State::Busy { lane, submitted };
+                self.schedule(at + job, id);
+            }
+            None => self.pool.set_idle(id),
+        }
+    }
+
+    fn pod_start(&self) -> Nanos {
+        self.control.as_ref().map_or(0, |c| c.config.pod_start)
+    }
+
+    fn evaluate(&mut self, at: Nanos) {
+        let Some(control) = self.control.as_mut() else {
+            return;
+        };
+        let before = control.reserve;
+        let reserve = control
+            .evaluate(at, &self.observed, seconds(self.scenario.urgent_job))
+            .max(0);
+        let size = control.config.sizing.size;
+        self.next_evaluation = Some(at + control.config.interval);
+        if reserve == before {
+            return;
+        }
+        self.outcome.reserve_steps.push((at, reserve as u32));
+        let reserve = reserve as usize;
+        let current = self.pool.count(Role::UrgentOnly);
+        let unreserved = self.scenario.arrangement.unreserved_role();
+        let starting = match size {
+            PoolSize::Budget { .. } if reserve > current => {
+                self.pool
+                    .change_role(unreserved, Role::UrgentOnly, reserve - current)
+            }
+            PoolSize::Budget { .. } => {
+                self.pool
+                    .change_role(Role::UrgentOnly, unreserved, current - reserve)
+            }
+            PoolSize::Shared { .. } if reserve > current => {
+                let kept = self.pool.keep(Role::UrgentOnly, reserve - current);
+                (kept..reserve - current)
+                    .map(|_| self.pool.add(Role::UrgentOnly, State::Starting))
+                    .collect()
+            }
+            PoolSize::Shared { .. } => {
+                self.pool.remove(Role::UrgentOnly, current - reserve);
+                Vec::new()
+            }
+        };
+        let ready = at + self.pod_start();
+        for id in starting {
+            self.schedule(ready, id);
+        }
+    }
+}

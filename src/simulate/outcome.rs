@@ -1,0 +1,170 @@
+//! What a run produced: every urgent latency in completion order, batch completions, per-window
+//! counts and the reserve over time; and the figures read from them (nearest-rank percentiles,
+//! throughput). Only completions inside the run's duration are here.
+
+use super::scenario::{Nanos, seconds};
+
+/// Counts inside one time-series window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WindowCounts {
+    pub urgent_submitted: u64,
+    pub urgent_completed: u64,
+    pub batch_completed: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub duration: Nanos,
+    pub window: Nanos,
+    pub urgent_submitted: u64,
+    /// Submission to completion, in completion order.
+    pub urgent_latencies: Vec<Nanos>,
+    pub batch_completed: u64,
+    pub windows: Vec<WindowCounts>,
+    /// (from, reserve): the reserve in effect from each moment on.
+    pub reserve_steps: Vec<(Nanos, u32)>,
+    /// Whether the reserve was decided in the loop (autoscale) rather than fixed.
+    pub autoscaled: bool,
+}
+
+/// Nearest rank: the smallest value with at least `p`% of values at or below it.
+pub fn percentile(sorted: &[Nanos], p: f64) -> Option<Nanos> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+pub fn millis(nanos: Nanos) -> f64 {
+    nanos as f64 / 1e6
+}
+
+/// The headline figures of a run, or of one window of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Summary {
+    pub urgent_submitted: u64,
+    pub urgent_completed: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub batch_completed: u64,
+    pub batch_per_second: f64,
+}
+
+pub fn summarize(
+    latencies: &[Nanos],
+    urgent_submitted: u64,
+    batch_completed: u64,
+    span: Nanos,
+) -> Summary {
+    let mut sorted = latencies.to_vec();
+    sorted.sort_unstable();
+    Summary {
+        urgent_submitted,
+        urgent_completed: sorted.len() as u64,
+        p50_ms: percentile(&sorted, 50.0).map(millis),
+        p99_ms: percentile(&sorted, 99.0).map(millis),
+        batch_completed,
+        batch_per_second: if span == 0 {
+            0.0
+        } else {
+            batch_completed as f64 / seconds(span)
+        },
+    }
+}
+
+/// One row of the time series.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeriesPoint {
+    pub start_s: f64,
+    pub urgent_rate: f64,
+    /// Mean reserve over the window.
+    pub reserve: f64,
+    pub summary: Summary,
+}
+
+impl Outcome {
+    pub fn summary(&self) -> Summary {
+        summarize(
+            &self.urgent_latencies,
+            self.urgent_submitted,
+            self.batch_completed,
+            self.duration,
+        )
+    }
+
+    /// Mean reserve over [from, to).
+    pub fn mean_reserve(&self, from: Nanos, to: Nanos) -> f64 {
+        if to <= from {
+            return 0.0;
+        }
+        let mut total = 0.0;
+        for (i, (start, reserve)) in self.reserve_steps.iter().enumerate() {
+            let end = self.reserve_steps.get(i + 1).map_or(to, |(next, _)| *next);
+            let (a, b) = ((*start).max(from), end.min(to));
+            if b > a {
+                total += f64::from(*reserve) * (b - a) as f64;
+            }
+        }
+        total / (to - from) as f64
+    }
+
+    /// How many times the reserve changed.
+    pub fn reserve_changes(&self) -> usize {
+        self.reserve_steps.len().saturating_sub(1)
+    }
+
+    pub fn series(&self) -> Vec<SeriesPoint> {
+        let mut done = 0usize;
+        self.windows
+            .iter()
+            .enumerate()
+            .map(|(i, counts)| {
+                let from = i as u64 * self.window;
+                let to = (from + self.window).min(self.duration);
+                let span = to - from;
+                let end = done + counts.urgent_completed as usize;
+                let slice = &self.urgent_latencies[done..end.min(self.urgent_latencies.len())];
+                done = end;
+                SeriesPoint {
+                    start_s: seconds(from),
+                    urgent_rate: counts.urgent_submitted as f64 / seconds(span).max(1e-9),
+                    reserve: self.mean_reserve(from, to),
+                    summary: summarize(
+                        slice,
+                        counts.urgent_submitted,
+                        counts.batch_completed,
+                        span,
+                    ),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let values: Vec<Nanos> = (1..=100).collect();
+        assert_eq!(percentile(&values, 50.0), Some(50));
+        assert_eq!(percentile(&values, 99.0), Some(99));
+        assert_eq!(percentile(&values[..1], 99.0), Some(1));
+        assert_eq!(percentile(&[], 50.0), None);
+        // 240 values: p99 is the 238th.
+        let values: Vec<Nanos> = (1..=240).collect();
+        assert_eq!(percentile(&values, 99.0), Some(238));
+    }
+
+    #[test]
+    fn the_mean_reserve_weighs_time() {
+        let outcome = Outcome {
+            reserve_steps: vec![(0, 1), (30, 3)],
+            ..Outcome::default()
+        };
+        assert_eq!(outcome.mean_reserve(0, 60), 2.0);
+        assert_eq!(outcome.reserve_changes(), 1);
+    }
+}

@@ -1,0 +1,102 @@
+//! How a run is shown: the JSON object scripts rely on (its shape is an interface: urgent
+//! submitted/completed/p50_ms/p99_ms, batch completed/throughput_per_s, and reserve for
+//! autoscaled runs) and the same figures as text for people.
+
+use serde::Serialize;
+
+use super::outcome::{Outcome, Summary};
+use super::scenario::Scenario;
+use crate::duration::trim;
+
+#[derive(Serialize)]
+struct Json {
+    urgent: UrgentJson,
+    batch: BatchJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reserve: Option<ReserveJson>,
+}
+
+#[derive(Serialize)]
+struct UrgentJson {
+    submitted: u64,
+    completed: u64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct BatchJson {
+    completed: u64,
+    throughput_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct ReserveJson {
+    mean: f64,
+    changes: usize,
+}
+
+/// Microsecond precision is all a millisecond figure needs.
+fn round(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+pub fn json(outcome: &Outcome) -> String {
+    let s = outcome.summary();
+    let object = Json {
+        urgent: UrgentJson {
+            submitted: s.urgent_submitted,
+            completed: s.urgent_completed,
+            p50_ms: s.p50_ms.map(round),
+            p99_ms: s.p99_ms.map(round),
+        },
+        batch: BatchJson {
+            completed: s.batch_completed,
+            throughput_per_s: round(s.batch_per_second),
+        },
+        reserve: outcome.autoscaled.then(|| ReserveJson {
+            mean: round(outcome.mean_reserve(0, outcome.duration)),
+            changes: outcome.reserve_changes(),
+        }),
+    };
+    serde_json::to_string(&object).unwrap_or_default()
+}
+
+/// "20.2 / 21.4 ms", or "none done".
+pub fn latency(summary: &Summary) -> String {
+    match (summary.p50_ms, summary.p99_ms) {
+        (Some(p50), Some(p99)) => format!("{} / {} ms", trim(p50), trim(p99)),
+        _ => "none done".to_string(),
+    }
+}
+
+pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
+    let s = outcome.summary();
+    let mut lines = vec![
+        format!(
+            "{} workers, {}, {} s",
+            scenario.workers,
+            scenario.arrangement.name(),
+            trim(outcome.duration as f64 / 1e9)
+        ),
+        format!(
+            "urgent: {} of {} done, p50 / p99 {}",
+            s.urgent_completed,
+            s.urgent_submitted,
+            latency(&s)
+        ),
+        format!(
+            "batch:  {} done, {} jobs/s",
+            s.batch_completed,
+            trim(s.batch_per_second)
+        ),
+    ];
+    if outcome.autoscaled {
+        lines.push(format!(
+            "reserve: mean {}, {} changes",
+            trim(outcome.mean_reserve(0, outcome.duration)),
+            outcome.reserve_changes()
+        ));
+    }
+    lines.join("\n")
+}

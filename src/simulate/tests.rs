@@ -1,0 +1,257 @@
+//! Invariants of the simulation, named after what they prove.
+
+use clap::Parser;
+use proptest::prelude::*;
+
+use super::arrivals::ArrivalKind;
+use super::bench::default_autoscale;
+use super::cli::SimulateArgs;
+use super::profile::RateProfile;
+use super::scenario::{Arrangement, Scenario};
+use super::*;
+
+fn guide(arrangement: Arrangement, rate: f64) -> Summary {
+    run(&Scenario::guide(arrangement, rate)).summary()
+}
+
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn flags(line: &str) -> Result<String, String> {
+    let words = std::iter::once("simulate").chain(line.split_whitespace());
+    let flags = Flags::try_parse_from(words).map_err(|e| e.to_string())?;
+    command::run(&flags.args).map_err(|e| e.to_string())
+}
+
+#[test]
+fn fifo_finishes_no_urgent_job_behind_the_backlog() {
+    for rate in [30.0, 150.0] {
+        let s = guide(Arrangement::Fifo, rate);
+        assert_eq!(s.urgent_completed, 0);
+        assert!(s.urgent_submitted > 0);
+        // All ten workers stay on batch work.
+        assert!(s.batch_per_second > 48.0, "{s:?}");
+    }
+}
+
+#[test]
+fn strict_priority_serves_every_urgent_job_but_waits_for_batch_jobs() {
+    let s = guide(Arrangement::Strict, 30.0);
+    assert_eq!(s.urgent_completed, 240);
+    // Non-preemption: the tail is set by batch jobs, not by the 20 ms job.
+    assert!(s.p99_ms.is_some_and(|p99| p99 > 60.0), "{s:?}");
+}
+
+#[test]
+fn dedicated_caps_urgent_throughput_at_reserved_over_job_time() {
+    let s = guide(Arrangement::Dedicated, 150.0);
+    // 2 workers × 8 s ÷ 20 ms = 800.
+    assert!(s.urgent_completed <= 800, "{s:?}");
+    assert!(s.urgent_completed >= 790, "{s:?}");
+    assert!(s.p99_ms.is_some_and(|p99| p99 > 2000.0), "{s:?}");
+}
+
+#[test]
+fn reserved_shared_completes_every_urgent_job_at_150_per_second() {
+    let s = guide(Arrangement::ReservedShared, 150.0);
+    // Only jobs still running at the 8 s mark may be missing.
+    assert!(s.urgent_completed + 3 >= s.urgent_submitted, "{s:?}");
+    assert!(s.p99_ms.is_some_and(|p99| p99 < 100.0), "{s:?}");
+    let calm = guide(Arrangement::ReservedShared, 30.0);
+    assert_eq!(calm.p99_ms, Some(20.0));
+    assert!(s.batch_per_second < calm.batch_per_second);
+}
+
+#[test]
+fn guide_table_within_10_percent_on_shared_figures() {
+    for figure in guide::figures().iter().filter(|f| f.shared) {
+        assert!(
+            figure.difference().abs() <= 0.10,
+            "{figure:?} differs by {:.1}%",
+            figure.difference() * 100.0
+        );
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let scenario = Scenario {
+        arrivals: ArrivalKind::Poisson,
+        ..Scenario::guide(Arrangement::ReservedShared, 150.0)
+    };
+    let (a, b) = (run(&scenario), run(&scenario));
+    assert_eq!(a.urgent_latencies, b.urgent_latencies);
+    assert_eq!(a.batch_completed, b.batch_completed);
+    let other = run(&Scenario { seed: 2, ..scenario });
+    assert_ne!(a.urgent_latencies, other.urgent_latencies);
+}
+
+fn spike(duration_secs: u64) -> Scenario {
+    Scenario {
+        arrivals: ArrivalKind::Poisson,
+        profile: RateProfile::parse("0s=30,60s=150,240s=30").unwrap_or_else(|e| panic!("{e}")),
+        backlog: 1_000_000,
+        duration: duration_secs * 1_000_000_000,
+        autoscale: Some(default_autoscale(10)),
+        window: 30_000_000_000,
+        ..Scenario::guide(Arrangement::ReservedShared, 30.0)
+    }
+}
+
+#[test]
+fn autoscale_grows_the_reserve_for_a_spike_and_shrinks_it_after_the_stabilization_window() {
+    let outcome = run(&spike(700));
+    let steps = &outcome.reserve_steps;
+    // 30/s × 20 ms × 1.5 = 0.9 → 1; 150/s → 5.
+    assert_eq!(steps[0], (0, 1));
+    let highest = steps.iter().map(|(_, r)| *r).max().unwrap_or(0);
+    assert_eq!(highest, 5, "{steps:?}");
+    let grew_at = steps.iter().find(|(_, r)| *r == 5).map_or(0, |(at, _)| *at);
+    let back_at = steps.last().map_or(0, |(at, _)| *at);
+    assert_eq!(steps.last().map(|(_, r)| *r), Some(1), "{steps:?}");
+    // The last recommendation of 5 is at most one interval after the spike ends (plus the
+    // scrape delay); the reserve holds it for the 5-minute window.
+    assert!(back_at - grew_at >= 300_000_000_000, "{steps:?}");
+    let s = outcome.summary();
+    assert_eq!(s.urgent_completed, s.urgent_submitted);
+}
+
+#[test]
+fn in_budget_mode_a_role_change_costs_the_pod_start_delay() {
+    let quick = run(&spike(240)).summary();
+    let mut slow = spike(240);
+    if let Some(a) = slow.autoscale.as_mut() {
+        a.pod_start = 3_600_000_000_000;
+    }
+    let slow = run(&slow).summary();
+    // Workers that changed role never come back within the run: batch throughput drops.
+    assert!(
+        slow.batch_per_second < quick.batch_per_second - 2.0,
+        "{slow:?} vs {quick:?}"
+    );
+}
+
+#[test]
+fn shared_pool_size_adds_reserved_workers_on_top() {
+    let mut scenario = spike(240);
+    if let Some(a) = scenario.autoscale.as_mut() {
+        a.sizing.size = crate::sizing::PoolSize::Shared { replicas: 9 };
+    }
+    let shared = run(&scenario).summary();
+    let budget = run(&spike(240)).summary();
+    // Nine shared workers throughout: the spike's reserve costs no batch workers.
+    assert!(shared.batch_per_second > budget.batch_per_second);
+}
+
+#[test]
+fn json_output_has_exactly_the_interface_fields() {
+    let text = flags("--output json").unwrap_or_else(|e| panic!("{e}"));
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(value["urgent"]["submitted"], 240);
+    assert_eq!(value["urgent"]["completed"], 240);
+    assert_eq!(value["urgent"]["p50_ms"], 20.0);
+    assert_eq!(value["urgent"]["p99_ms"], 20.0);
+    assert!(value["batch"]["completed"].is_u64());
+    assert!(value["batch"]["throughput_per_s"].is_f64());
+    assert!(value.get("reserve").is_none());
+    let fifo = flags("--arrangement fifo --output json").unwrap_or_else(|e| panic!("{e}"));
+    let fifo: serde_json::Value = serde_json::from_str(&fifo).unwrap_or_else(|e| panic!("{e}"));
+    assert!(fifo["urgent"]["p50_ms"].is_null());
+}
+
+#[test]
+fn autoscale_json_adds_the_reserve() {
+    let text = flags(
+        "--autoscale --backlog 100000 --urgent-profile 0s=30,60s=150,90s=30 --duration 3m \
+         --arrivals poisson --output json",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(value["reserve"]["mean"].as_f64().is_some_and(|m| m >= 1.0));
+    assert!(value["reserve"]["changes"].as_u64().is_some_and(|c| c >= 1));
+}
+
+#[test]
+fn bad_flags_are_refused_with_the_flag_named() {
+    for (line, flag) in [
+        ("--workers 0", "--workers"),
+        ("--reserved 11", "--reserved"),
+        ("--arrangement strict --reserved 2", "--reserved"),
+        ("--batch-ms 300..100", "--batch-ms"),
+        ("--urgent-ms -1", "--urgent-ms"),
+        ("--urgent-rate -3", "--urgent-rate"),
+        ("--urgent-profile 5s=30", "--urgent-profile"),
+        ("--urgent-rate 5 --urgent-profile 0s=30", "--urgent-rate"),
+        ("--autoscale --arrangement strict", "--autoscale"),
+        ("--autoscale --reserve-max 10", "--reserve-max"),
+        ("--autoscale --headroom 0", "--headroom"),
+        ("--duration 0", "--duration"),
+        ("--arrivals sometimes", "--arrivals"),
+    ] {
+        let err = flags(line).expect_err(line);
+        assert!(err.contains(flag), "{line}: {err}");
+    }
+}
+
+#[test]
+fn plot_and_series_files_are_written() {
+    let dir = std::env::temp_dir().join(format!("lanepool-simulate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let (svg, csv) = (dir.join("run.svg"), dir.join("run.csv"));
+    flags(&format!(
+        "--urgent-rate 150 --plot {} --series {}",
+        svg.display(),
+        csv.display()
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let svg = std::fs::read_to_string(svg).unwrap_or_default();
+    let csv = std::fs::read_to_string(csv).unwrap_or_default();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
+    assert_eq!(csv.lines().count(), 1 + 8);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn arrangement() -> impl Strategy<Value = Arrangement> {
+    prop::sample::select(Arrangement::ALL.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn no_run_invents_or_loses_work(
+        arrangement in arrangement(),
+        workers in 1u32..8,
+        reserved in 0u32..4,
+        rate in 0.0f64..300.0,
+        backlog in 0u64..500,
+        seed in 0u64..1000,
+        poisson in any::<bool>(),
+    ) {
+        let scenario = Scenario {
+            workers,
+            reserved: if arrangement.reserves() { reserved.min(workers) } else { 0 },
+            backlog,
+            duration: 2_000_000_000,
+            seed,
+            arrivals: if poisson { ArrivalKind::Poisson } else { ArrivalKind::Even },
+            ..Scenario::guide(arrangement, rate)
+        };
+        let outcome = run(&scenario);
+        let s = outcome.summary();
+        prop_assert!(s.urgent_completed <= s.urgent_submitted);
+        prop_assert!(s.batch_completed <= backlog);
+        prop_assert!(outcome.urgent_latencies.iter().all(|l| *l >= scenario.urgent_job));
+        // No worker can finish more than duration ÷ job time urgent jobs.
+        let takers = match arrangement {
+            Arrangement::Dedicated => scenario.reserved,
+            _ => workers,
+        };
+        prop_assert!(s.urgent_completed <= u64::from(takers) * 100);
+        let windows: u64 = outcome.windows.iter().map(|w| w.urgent_completed).sum();
+        prop_assert_eq!(windows, s.urgent_completed);
+    }
+}
