@@ -45,6 +45,8 @@ struct PlanArgs {
     /// Most reserved workers.
     #[arg(long)]
     max: Option<i32>,
+    #[command(flatten)]
+    sweep: lanepool::plan::SweepArgs,
 }
 
 fn parse_job_time(value: &str) -> Result<std::time::Duration, String> {
@@ -75,12 +77,22 @@ fn main() -> ExitCode {
             }
         },
         Command::Plan(args) => match check_plan(&args) {
-            Ok(input) => {
-                for line in plan(input).lines {
-                    println!("{line}");
+            Ok(input) => match lanepool::plan::sweep(&input, &args.sweep) {
+                Ok(rows) => {
+                    let planned = plan(input);
+                    let target_ms = args.sweep.target_p99.map(|t| t.as_secs_f64() * 1e3);
+                    let table = (!rows.is_empty())
+                        .then(|| lanepool::plan::sweep_lines(&rows, planned.reserve, target_ms));
+                    for line in planned.lines.iter().chain(table.iter().flatten()) {
+                        println!("{line}");
+                    }
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
-            }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            },
             Err(message) => {
                 eprintln!("error: {message}");
                 ExitCode::from(2)

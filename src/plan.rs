@@ -1,8 +1,122 @@
 //! `lanepool plan`: the guide's step 5 as a command. Shows the reserve a measured load calls for
 //! and the arithmetic behind it, with the same formula the operator runs.
 
+use std::time::Duration;
+
 use crate::duration::{human_seconds, trim};
+use crate::simulate::arrivals::ArrivalKind;
+use crate::simulate::cli::parse_millis_range;
+use crate::simulate::scenario::{Arrangement, Scenario, nanos};
+use crate::simulate::{SimulateError, run};
 use crate::sizing::formula;
+
+/// `lanepool plan --workers N`: a sweep of every reserve, predicted by simulation.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SweepArgs {
+    /// Pool size: add a table of reserve 0..N−1 with predicted urgent p50/p99 and batch
+    /// throughput (reserved + shared workers, Poisson arrivals, a batch backlog that never empties).
+    #[arg(long)]
+    pub workers: Option<u32>,
+    /// Batch job time in milliseconds for the sweep: uniform LOW..HIGH, or one value.
+    #[arg(long, default_value = "100..300")]
+    pub batch_ms: String,
+    /// Recommend the reserve with the most batch throughput whose predicted p99 meets this.
+    #[arg(long, value_parser = |v: &str| crate::duration::parse(v).map_err(|e| e.to_string()))]
+    pub target_p99: Option<Duration>,
+    /// Simulated time per reserve.
+    #[arg(long, default_value = "2m", value_parser = |v: &str| crate::duration::parse(v).map_err(|e| e.to_string()))]
+    pub sweep_duration: Duration,
+}
+
+/// One row of the sweep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SweepRow {
+    pub reserve: u32,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub batch_per_second: f64,
+}
+
+/// Predicts every reserve from 0 to workers − 1 by simulating the reserved-shared pool.
+pub fn sweep(input: &PlanInput, args: &SweepArgs) -> Result<Vec<SweepRow>, SimulateError> {
+    let Some(workers) = args.workers else {
+        return Ok(Vec::new());
+    };
+    if !(1..=1000).contains(&workers) {
+        return Err(SimulateError::flag(
+            "--workers",
+            format!("{workers} must be from 1 to 1000"),
+        ));
+    }
+    if args.sweep_duration.is_zero() || args.sweep_duration > Duration::from_secs(3600) {
+        return Err(SimulateError::flag(
+            "--sweep-duration",
+            "must be more than 0 and at most 1h",
+        ));
+    }
+    let (low, high) = parse_millis_range(&args.batch_ms)?;
+    let duration = nanos(args.sweep_duration);
+    Ok((0..workers)
+        .map(|reserve| {
+            let s = run(&Scenario {
+                workers,
+                reserved: reserve,
+                urgent_job: (input.job_seconds * 1e9).round() as u64,
+                batch_job: ((low * 1e6).round() as u64, (high * 1e6).round() as u64),
+                backlog: u64::MAX,
+                duration,
+                arrivals: ArrivalKind::Poisson,
+                window: duration,
+                ..Scenario::guide(Arrangement::ReservedShared, input.arrival_rate)
+            })
+            .summary();
+            SweepRow {
+                reserve,
+                p50_ms: s.p50_ms,
+                p99_ms: s.p99_ms,
+                batch_per_second: s.batch_per_second,
+            }
+        })
+        .collect())
+}
+
+/// The sweep as a table, with the formula's reserve and the target's marked.
+pub fn sweep_lines(rows: &[SweepRow], formula_reserve: i32, target_ms: Option<f64>) -> Vec<String> {
+    let meets = |row: &SweepRow, target: f64| row.p99_ms.is_some_and(|p99| p99 <= target);
+    let chosen = target_ms.and_then(|t| rows.iter().find(|r| meets(r, t)).map(|r| r.reserve));
+    let ms = |v: Option<f64>| v.map_or("—".to_string(), trim);
+    let mut lines = vec![
+        String::new(),
+        "reserve  urgent p50 ms  urgent p99 ms  batch jobs/s".to_string(),
+    ];
+    for row in rows {
+        let mut marks = Vec::new();
+        if i64::from(row.reserve) == i64::from(formula_reserve) {
+            marks.push("formula");
+        }
+        if chosen == Some(row.reserve) {
+            marks.push("target");
+        }
+        lines.push(
+            format!(
+                "{:>7}  {:>13}  {:>13}  {:>12}  {}",
+                row.reserve,
+                ms(row.p50_ms),
+                ms(row.p99_ms),
+                trim(row.batch_per_second),
+                marks.join(", ")
+            )
+            .trim_end()
+            .to_string(),
+        );
+    }
+    match (target_ms, chosen) {
+        (Some(t), Some(r)) => lines.push(format!("recommended   = {r} reserved: the most batch throughput with p99 ≤ {} ms", trim(t))),
+        (Some(t), None) => lines.push(format!("recommended   = none: no reserve meets p99 ≤ {} ms; add workers", trim(t))),
+        (None, _) => lines.push(format!("recommended   = {formula_reserve} reserved (the formula); give --target-p99 to choose by latency")),
+    }
+    lines
+}
 
 /// A load to size a reserve for.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,6 +203,26 @@ mod tests {
     #[test]
     fn the_spike_needs_five() {
         assert_eq!(plan(guide(150.0)).reserve, 5);
+    }
+
+    #[test]
+    fn the_sweep_trades_batch_throughput_for_urgent_latency() {
+        let args = SweepArgs {
+            workers: Some(4),
+            batch_ms: "100..300".into(),
+            target_p99: None,
+            sweep_duration: Duration::from_secs(20),
+        };
+        let rows = sweep(&guide(30.0), &args).unwrap_or_default();
+        assert_eq!(rows.len(), 4);
+        assert!(
+            rows.windows(2)
+                .all(|w| w[1].batch_per_second < w[0].batch_per_second)
+        );
+        assert!(rows[3].p99_ms < rows[0].p99_ms);
+        let lines = sweep_lines(&rows, 1, Some(25.0));
+        assert!(lines.iter().any(|l| l.contains("formula")));
+        assert!(lines.last().is_some_and(|l| l.starts_with("recommended")));
     }
 
     #[test]

@@ -283,8 +283,61 @@ pub fn formula(arrival_rate: f64, job_seconds: f64, headroom: f64) -> (f64, i32)
     (needed, ceiling.clamp(0.0, i32::MAX as f64) as i32)
 }
 
+/// How a measured load becomes a reserve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// The guide's formula: ceil(arrival rate × job time × headroom).
+    Formula,
+    /// The smallest reserve whose predicted urgent p99 (submission to completion), served by
+    /// the reserve alone, is at most this many seconds. Shared workers only make it better.
+    LatencyTarget { p99_seconds: f64 },
+}
+
+/// Predicted p99 of submission to completion, in seconds, for Poisson arrivals served by
+/// `reserve` workers with a fixed job time (M/D/c). Erlang C gives the chance of waiting; a
+/// fixed job time makes the wait's tail decay about twice as fast as the M/M/c one.
+/// Infinite when the reserve cannot keep up.
+pub fn predicted_p99(arrival_rate: f64, job_seconds: f64, reserve: i32) -> f64 {
+    let offered = arrival_rate * job_seconds;
+    if offered <= 0.0 || job_seconds <= 0.0 {
+        return job_seconds.max(0.0);
+    }
+    let servers = f64::from(reserve.max(0));
+    if offered >= servers {
+        return f64::INFINITY;
+    }
+    // Erlang B by recurrence (stable for large reserves), then Erlang C.
+    let mut blocking = 1.0;
+    for k in 1..=reserve {
+        blocking = offered * blocking / (f64::from(k) + offered * blocking);
+    }
+    let busy = offered / servers;
+    let waits = blocking / (1.0 - busy + busy * blocking);
+    if waits <= 0.01 {
+        return job_seconds;
+    }
+    let decay = 2.0 * (servers / job_seconds - arrival_rate);
+    job_seconds + (waits / 0.01).ln() / decay
+}
+
+/// The smallest reserve whose predicted p99 meets the target, or `None` when no reserve up to
+/// `most` does.
+pub fn latency_target(
+    arrival_rate: f64,
+    job_seconds: f64,
+    p99_seconds: f64,
+    most: i32,
+) -> Option<i32> {
+    (0..=most.max(0)).find(|r| predicted_p99(arrival_rate, job_seconds, *r) <= p99_seconds)
+}
+
 /// Decides the replica counts for one evaluation.
 pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
+    decide_by(sizing, inputs, Rule::Formula)
+}
+
+/// Decides the replica counts for one evaluation, recommending each reserve by `rule`.
+pub fn decide_by(sizing: &PoolSizing, inputs: Inputs<'_>, rule: Rule) -> Decision {
     let mut history = History::new();
     let mut unavailable = Vec::new();
     let mut limited = Vec::new();
@@ -296,8 +349,15 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
             .and_then(|c| c.reserved.get(&lane.name).copied());
         let decision = match inputs.loads.get(&lane.name) {
             Some(Ok(load)) => {
-                let (past, capped) =
-                    measured(sizing, lane, load, current, inputs.history, inputs.now);
+                let (past, capped) = measured(
+                    sizing,
+                    lane,
+                    load,
+                    current,
+                    inputs.history,
+                    inputs.now,
+                    rule,
+                );
                 history.insert(lane.name.clone(), past.0);
                 limited.extend(capped);
                 past.1
@@ -342,9 +402,18 @@ fn measured(
     current: Option<i32>,
     history: &History,
     now: Duration,
+    rule: Rule,
 ) -> (Remembered, Option<String>) {
     let job = load.job_seconds.unwrap_or(0.0);
-    let (needed, ceiling) = formula(load.arrival_rate, job, sizing.headroom);
+    let (needed, ceiling) = match rule {
+        Rule::Formula => formula(load.arrival_rate, job, sizing.headroom),
+        Rule::LatencyTarget { p99_seconds } => {
+            // Beyond max the target is out of reach; max + 1 makes that show as "capped".
+            let reserve = latency_target(load.arrival_rate, job, p99_seconds, lane.max)
+                .unwrap_or(lane.max.saturating_add(1));
+            (f64::from(reserve), reserve)
+        }
+    };
     let recommended = ceiling.clamp(lane.min, lane.max);
     let capped = (ceiling > lane.max).then(|| {
         format!(
@@ -371,15 +440,25 @@ fn measured(
     let highest = past.iter().map(|r| r.reserve).max().unwrap_or(recommended);
     let reserve = highest.clamp(lane.min, lane.max);
 
-    let mut explanation = format!(
-        "{} {}/s × {} × {} = {} → {}",
-        lane.name,
-        trim(load.arrival_rate),
-        human_seconds(job),
-        trim(sizing.headroom),
-        trim(needed),
-        ceiling
-    );
+    let mut explanation = match rule {
+        Rule::Formula => format!(
+            "{} {}/s × {} × {} = {} → {}",
+            lane.name,
+            trim(load.arrival_rate),
+            human_seconds(job),
+            trim(sizing.headroom),
+            trim(needed),
+            ceiling
+        ),
+        Rule::LatencyTarget { p99_seconds } => format!(
+            "{} {}/s × {}, p99 ≤ {} → {}",
+            lane.name,
+            trim(load.arrival_rate),
+            human_seconds(job),
+            human_seconds(p99_seconds),
+            ceiling
+        ),
+    };
     if ceiling != recommended {
         let bound = if ceiling > lane.max { "max" } else { "min" };
         explanation.push_str(&format!(", {bound} {recommended}"));

@@ -8,7 +8,7 @@ use super::engine;
 use super::guide::{self, RATES};
 use super::profile::RateProfile;
 use super::scenario::{Arrangement, Autoscale, Scenario};
-use crate::sizing::{LaneSizing, PoolSize, PoolSizing, UnavailablePolicy};
+use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 use std::time::Duration;
 
 /// The operator's defaults, budget mode, reserve between 1 and `workers − 1`.
@@ -28,6 +28,7 @@ pub fn default_autoscale(workers: u32) -> Autoscale {
             stabilization_window: Duration::from_secs(300),
             on_unavailable: UnavailablePolicy::Hold,
         },
+        rule: Rule::Formula,
         interval: 30_000_000_000,
         rate_window: 60_000_000_000,
         job_time_window: 300_000_000_000,

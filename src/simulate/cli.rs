@@ -11,7 +11,7 @@ use super::error::SimulateError;
 use super::profile::RateProfile;
 use super::scenario::{Arrangement, Autoscale, Scenario, nanos};
 use crate::duration;
-use crate::sizing::{LaneSizing, PoolSize, PoolSizing, UnavailablePolicy};
+use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ArrangementArg {
@@ -31,6 +31,14 @@ pub enum ArrivalsArg {
 pub enum OutputArg {
     Text,
     Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SizingArg {
+    /// ceil(arrival rate × job time × headroom), the operator's default.
+    Formula,
+    /// The smallest reserve whose predicted urgent p99 meets --target-p99.
+    LatencyTarget,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -94,6 +102,10 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
 
+    /// Compare, on this profile, every static split, the autoscaled pool (formula and several
+    /// latency targets) and a per-phase oracle: urgent p99 against batch throughput.
+    #[arg(long)]
+    pub trade_off: bool,
     /// Print the guide's 4 × 2 table, our figures beside the guide's.
     #[arg(long)]
     pub guide_table: bool,
@@ -104,6 +116,12 @@ pub struct SimulateArgs {
     /// Run the operator's sizing decision in the loop (reserved-shared or dedicated).
     #[arg(long)]
     pub autoscale: bool,
+    /// How the reserve is sized with --autoscale.
+    #[arg(long, value_enum, default_value = "formula")]
+    pub sizing: SizingArg,
+    /// The urgent p99 the latency-target sizing aims for, such as 25ms.
+    #[arg(long, value_parser = parse_duration)]
+    pub target_p99: Option<Duration>,
     /// How the pool's size is set with --autoscale.
     #[arg(long, value_enum, default_value = "budget")]
     pub pool_size: PoolSizeArg,
@@ -332,7 +350,28 @@ impl SimulateArgs {
                 format!("{max} plus --shared-min {shared_min} is more than --workers {total}")
             })?;
         }
+        let rule = match (self.sizing, self.target_p99) {
+            (SizingArg::Formula, None) => Rule::Formula,
+            (SizingArg::LatencyTarget, Some(target)) if target > Duration::ZERO => {
+                Rule::LatencyTarget {
+                    p99_seconds: target.as_secs_f64(),
+                }
+            }
+            (SizingArg::LatencyTarget, _) => {
+                return Err(SimulateError::flag(
+                    "--target-p99",
+                    "--sizing latency-target needs a --target-p99 above 0",
+                ));
+            }
+            (SizingArg::Formula, Some(_)) => {
+                return Err(SimulateError::flag(
+                    "--target-p99",
+                    "applies only with --sizing latency-target",
+                ));
+            }
+        };
         Ok(Autoscale {
+            rule,
             sizing: PoolSizing {
                 lanes: vec![LaneSizing {
                     name: super::autoscale::LANE.to_string(),

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::cli::{OutputArg, SimulateArgs};
 use super::error::SimulateError;
-use super::{bench, engine, guide, plot, report, series};
+use super::{bench, engine, guide, plot, report, series, tradeoff};
 
 fn write(path: &Path, contents: &str) -> Result<(), SimulateError> {
     std::fs::write(path, contents).map_err(|source| SimulateError::Write {
@@ -20,6 +20,17 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     }
     if args.bench {
         return Ok(bench::run());
+    }
+    if args.trade_off {
+        let scenario = SimulateArgs {
+            autoscale: true,
+            ..args.clone()
+        }
+        .scenario()?;
+        return Ok(match &scenario.autoscale {
+            Some(config) => tradeoff::table(&scenario, config),
+            None => String::new(),
+        });
     }
     let scenario = args.scenario()?;
     let outcome = engine::run(&scenario);

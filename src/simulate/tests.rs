@@ -85,7 +85,10 @@ fn the_same_seed_gives_the_same_run() {
     let (a, b) = (run(&scenario), run(&scenario));
     assert_eq!(a.urgent_latencies, b.urgent_latencies);
     assert_eq!(a.batch_completed, b.batch_completed);
-    let other = run(&Scenario { seed: 2, ..scenario });
+    let other = run(&Scenario {
+        seed: 2,
+        ..scenario
+    });
     assert_ne!(a.urgent_latencies, other.urgent_latencies);
 }
 
@@ -254,4 +257,27 @@ proptest! {
         let windows: u64 = outcome.windows.iter().map(|w| w.urgent_completed).sum();
         prop_assert_eq!(windows, s.urgent_completed);
     }
+}
+
+#[test]
+fn autoscaled_latency_target_beats_every_static_split_on_a_shifting_profile() {
+    let base = Scenario {
+        workers: 6,
+        reserved: 1,
+        arrivals: ArrivalKind::Poisson,
+        profile: RateProfile::parse("0s=20,600s=120,1200s=20").unwrap_or_else(|e| panic!("{e}")),
+        backlog: 1_000_000,
+        duration: 1_800_000_000_000,
+        window: 30_000_000_000,
+        ..Scenario::guide(Arrangement::ReservedShared, 20.0)
+    };
+    let config = default_autoscale(6);
+    let splits = tradeoff::static_splits(&base);
+    let auto = tradeoff::autoscaled(&base, &config);
+    let target = auto
+        .iter()
+        .find(|p| p.policy == "autoscale p99≤30ms")
+        .unwrap_or_else(|| panic!("{auto:?}"));
+    let best = tradeoff::best_static(&splits, target.p99_ms).unwrap_or(0.0);
+    assert!(target.batch_per_second > best, "{target:?} vs {splits:?}");
 }

@@ -342,3 +342,48 @@ proptest! {
         prop_assert_eq!(last, formula(rate, job, sizing.headroom).1.clamp(sizing.lanes[0].min, sizing.lanes[0].max));
     }
 }
+
+#[test]
+fn the_predicted_p99_falls_as_the_reserve_grows_and_is_infinite_when_overloaded() {
+    assert!(predicted_p99(30.0, 0.020, 0).is_infinite());
+    let p99: Vec<f64> = (1..=5).map(|r| predicted_p99(30.0, 0.020, r)).collect();
+    assert!(p99.windows(2).all(|w| w[1] <= w[0]), "{p99:?}");
+    assert!(p99[0] > 0.1, "one worker at 60% busy waits long: {p99:?}");
+    assert_eq!(p99[4], 0.020);
+    assert!(predicted_p99(150.0, 0.020, 3).is_infinite());
+}
+
+#[test]
+fn a_latency_target_reserves_more_than_the_formula_for_poisson_arrivals() {
+    // The formula's 1 worker at 30/s leaves a p99 far above the job time.
+    assert_eq!(latency_target(30.0, 0.020, 0.025, 10), Some(3));
+    assert_eq!(latency_target(0.0, 0.020, 0.025, 10), Some(0));
+    assert_eq!(latency_target(150.0, 0.020, 0.025, 3), None);
+    let decision = decide_by(
+        &budget(),
+        Inputs {
+            loads: &loads(30.0, 0.020),
+            current: None,
+            history: &History::new(),
+            now: Duration::ZERO,
+        },
+        Rule::LatencyTarget { p99_seconds: 0.025 },
+    );
+    assert_eq!(decision.lanes[0].reserve, 3);
+    assert_eq!(
+        decision.lanes[0].explanation,
+        "urgent 30/s × 20 ms, p99 ≤ 25 ms → 3 → 3 reserved"
+    );
+    let capped = decide_by(
+        &budget(),
+        Inputs {
+            loads: &loads(400.0, 0.020),
+            current: None,
+            history: &History::new(),
+            now: Duration::ZERO,
+        },
+        Rule::LatencyTarget { p99_seconds: 0.025 },
+    );
+    assert_eq!(capped.lanes[0].reserve, 6);
+    assert_eq!(capped.limited.len(), 1);
+}

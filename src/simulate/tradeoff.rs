@@ -1,0 +1,177 @@
+//! `--trade-off`: urgent p99 against batch throughput on one rate profile, for every static
+//! split, for the autoscaled pool (the guide's formula and latency targets) and for an oracle
+//! that picks the best static split for each phase in hindsight. Item 5's evidence.
+
+use super::engine::run;
+use super::outcome::{Summary, summarize};
+use super::profile::RateProfile;
+use super::scenario::{Autoscale, Nanos, Scenario};
+use crate::duration::trim;
+use crate::sizing::Rule;
+
+/// Latency targets tried for the autoscaled pool and the oracle, in milliseconds.
+pub const TARGETS_MS: [f64; 6] = [21.0, 25.0, 30.0, 40.0, 60.0, 100.0];
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    pub policy: String,
+    pub p99_ms: f64,
+    pub batch_per_second: f64,
+    pub mean_reserve: f64,
+}
+
+fn point(policy: String, summary: Summary, mean_reserve: f64) -> Point {
+    Point {
+        policy,
+        p99_ms: summary.p99_ms.unwrap_or(f64::INFINITY),
+        batch_per_second: summary.batch_per_second,
+        mean_reserve,
+    }
+}
+
+/// Static splits: `reserved` fixed for the whole run.
+pub fn static_splits(base: &Scenario) -> Vec<Point> {
+    (0..base.workers)
+        .map(|reserved| {
+            let outcome = run(&Scenario {
+                reserved,
+                autoscale: None,
+                ..base.clone()
+            });
+            point(
+                format!("static {reserved}"),
+                outcome.summary(),
+                f64::from(reserved),
+            )
+        })
+        .collect()
+}
+
+/// The operator in the loop, with each rule.
+pub fn autoscaled(base: &Scenario, config: &Autoscale) -> Vec<Point> {
+    let rules = std::iter::once(("autoscale formula".to_string(), Rule::Formula)).chain(
+        TARGETS_MS.iter().map(|ms| {
+            (
+                format!("autoscale p99≤{ms}ms"),
+                Rule::LatencyTarget {
+                    p99_seconds: ms / 1e3,
+                },
+            )
+        }),
+    );
+    rules
+        .map(|(policy, rule)| {
+            let outcome = run(&Scenario {
+                autoscale: Some(Autoscale {
+                    rule,
+                    ..config.clone()
+                }),
+                ..base.clone()
+            });
+            let mean = outcome.mean_reserve(0, outcome.duration);
+            point(policy, outcome.summary(), mean)
+        })
+        .collect()
+}
+
+/// For each phase, the smallest static split whose p99 in that phase meets the target (the
+/// one with the lowest p99 when none does), chosen knowing the whole run.
+pub fn oracle(base: &Scenario) -> Vec<Point> {
+    let end = base.duration as f64 / 1e9;
+    // runs[phase][reserved] = (latencies, batch completed, phase length)
+    let runs: Vec<Vec<(Vec<Nanos>, u64, Nanos)>> = base
+        .profile
+        .phases(end)
+        .iter()
+        .enumerate()
+        .map(|(i, (from, to, rate))| {
+            let length = ((to - from) * 1e9).round() as Nanos;
+            (0..base.workers)
+                .map(|reserved| {
+                    let outcome = run(&Scenario {
+                        reserved,
+                        autoscale: None,
+                        profile: RateProfile::constant(*rate),
+                        duration: length,
+                        window: length,
+                        seed: base.seed.wrapping_add(i as u64),
+                        ..base.clone()
+                    });
+                    (outcome.urgent_latencies, outcome.batch_completed, length)
+                })
+                .collect()
+        })
+        .collect();
+    TARGETS_MS
+        .iter()
+        .map(|target| {
+            let mut latencies = Vec::new();
+            let (mut batch, mut submitted, mut reserve_time, mut total) = (0, 0, 0.0, 0);
+            for phase in &runs {
+                let p99 = |r: &(Vec<Nanos>, u64, Nanos)| {
+                    summarize(&r.0, 0, 0, 1).p99_ms.unwrap_or(f64::INFINITY)
+                };
+                let chosen = phase
+                    .iter()
+                    .position(|r| p99(r) <= *target)
+                    .unwrap_or_else(|| {
+                        (0..phase.len())
+                            .min_by(|a, b| p99(&phase[*a]).total_cmp(&p99(&phase[*b])))
+                            .unwrap_or(0)
+                    });
+                let (lat, done, length) = &phase[chosen];
+                latencies.extend_from_slice(lat);
+                submitted += lat.len() as u64;
+                batch += done;
+                reserve_time += chosen as f64 * *length as f64;
+                total += length;
+            }
+            point(
+                format!("oracle p99≤{target}ms"),
+                summarize(&latencies, submitted, batch, total),
+                reserve_time / total.max(1) as f64,
+            )
+        })
+        .collect()
+}
+
+/// The most batch throughput any static split gives at or below `p99_ms`.
+pub fn best_static(splits: &[Point], p99_ms: f64) -> Option<f64> {
+    splits
+        .iter()
+        .filter(|p| p.p99_ms <= p99_ms)
+        .map(|p| p.batch_per_second)
+        .reduce(f64::max)
+}
+
+pub fn table(base: &Scenario, config: &Autoscale) -> String {
+    let splits = static_splits(base);
+    let auto = autoscaled(base, config);
+    let oracle = oracle(base);
+    let mut lines = vec![format!(
+        "{:<22} {:>10} {:>12} {:>12}  {}",
+        "policy", "p99 ms", "batch jobs/s", "mean reserve", "best static at this p99"
+    )];
+    for p in splits.iter().chain(&auto).chain(&oracle) {
+        let versus = if p.policy.starts_with("static") {
+            String::new()
+        } else {
+            best_static(&splits, p.p99_ms).map_or("none this fast".to_string(), |b| {
+                format!(
+                    "{} jobs/s ({:+.1}%)",
+                    trim(b),
+                    (p.batch_per_second / b - 1.0) * 100.0
+                )
+            })
+        };
+        lines.push(format!(
+            "{:<22} {:>10} {:>12} {:>12}  {}",
+            p.policy,
+            trim(p.p99_ms),
+            trim(p.batch_per_second),
+            trim(p.mean_reserve),
+            versus
+        ));
+    }
+    lines.join("\n")
+}
