@@ -17,6 +17,26 @@ pub enum Error {
         source: InvalidDuration,
     },
 
+    /// A Secret the LanePool refers to is missing, or lacks the key.
+    #[error("{field}: Secret {name:?} has no key {key:?} (or does not exist)")]
+    MissingSecret {
+        field: &'static str,
+        name: String,
+        key: String,
+    },
+
+    /// The API server refused or failed a request.
+    #[error("{action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// The API server did not answer in time.
+    #[error("{action}: no answer within {seconds} s")]
+    Timeout { action: String, seconds: u64 },
+
     #[error("serializing {what}: {source}")]
     Serialize {
         what: &'static str,
@@ -33,12 +53,26 @@ impl Error {
         }
     }
 
+    /// A PascalCase reason for conditions and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Invalid { .. } | Self::Duration { .. } => "InvalidSpec",
+            Self::MissingSecret { .. } => "MissingSecret",
+            Self::Kube { .. } => "ApiServerRefused",
+            Self::Timeout { .. } => "ApiServerTimeout",
+            Self::Serialize { .. } => "InternalError",
+        }
+    }
+
     /// A short, stable name for metrics labels.
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::Invalid { .. } => "invalid",
             Self::Duration { .. } => "invalid_duration",
             Self::Serialize { .. } => "serialize",
+            Self::MissingSecret { .. } => "missing_secret",
+            Self::Kube { .. } => "kube",
+            Self::Timeout { .. } => "timeout",
         }
     }
 }

@@ -8,8 +8,12 @@ pub mod error;
 pub mod sizing;
 
 pub use error::{Error, Result};
+pub mod controller;
 pub mod crd;
+pub mod metrics;
 pub mod plan;
+pub mod run;
+pub mod server;
 pub mod simulate;
 #[cfg(feature = "testenv")]
 pub mod testenv;

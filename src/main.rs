@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Print the LanePool CustomResourceDefinition as YAML (kubectl apply -f -).
     Crd,
+    /// Run the operator: watch LanePools and size their reserved and shared Deployments.
+    Run(Box<lanepool::run::RunArgs>),
     /// Size a reserve from a measured load: ceil(arrival rate × job time × headroom).
     Plan(PlanArgs),
     /// Simulate a pool with an urgent lane and a batch backlog: latency and throughput of a
@@ -56,6 +58,7 @@ fn parse_job_time(value: &str) -> Result<std::time::Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => lanepool::run::run(*args),
         Command::Crd => match lanepool_crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");

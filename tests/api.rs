@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 
 async fn client_and_namespace() -> (Client, String) {
     let plane = testenv::shared().expect("the control plane starts");
-    let plane = plane.lock().unwrap_or_else(|p| p.into_inner());
     let client = plane.client().await.expect("a client");
     let namespace = plane.namespace(&client, "api").await.expect("a namespace");
     (client, namespace)

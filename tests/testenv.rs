@@ -8,7 +8,6 @@ use lanepool::testenv::{self, SimulatedWorkers, TestPrometheus};
 #[tokio::test]
 async fn the_api_server_is_the_pinned_version_with_rbac() {
     let plane = testenv::shared().expect("the control plane starts");
-    let plane = plane.lock().unwrap_or_else(|p| p.into_inner());
     let client = plane.client().await.unwrap();
     let version = client.apiserver_version().await.unwrap();
     assert_eq!(version.git_version, "v1.34.4");
@@ -22,7 +21,6 @@ async fn the_api_server_is_the_pinned_version_with_rbac() {
 #[tokio::test]
 async fn kubectl_shows_the_printer_columns() {
     let plane = testenv::shared().expect("the control plane starts");
-    let plane = plane.lock().unwrap_or_else(|p| p.into_inner());
     let client = plane.client().await.unwrap();
     let namespace = plane.namespace(&client, "kubectl").await.unwrap();
     let kubectl = testenv::tool("kubectl").unwrap();

@@ -304,25 +304,11 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
-impl ControlPlane {
-    /// Stops the processes and removes the directory now, without waiting for drop.
-    pub fn shutdown(&mut self) {
-        for process in &mut self.processes {
-            process.stop(Duration::from_secs(5));
-        }
-        self.processes.clear();
-        if let Some(temp) = self._temp.take() {
-            let _ = temp.close();
-        }
-    }
-}
-
-static SHARED: std::sync::Mutex<Option<&'static std::sync::Mutex<ControlPlane>>> =
-    std::sync::Mutex::new(None);
+static SHARED: std::sync::Mutex<Option<&'static ControlPlane>> = std::sync::Mutex::new(None);
 
 /// The control plane shared by every test in this test binary, started on first use. It is
 /// stopped when the binary exits (an `atexit` hook), or killed by the kernel if the binary dies.
-pub fn shared() -> Result<&'static std::sync::Mutex<ControlPlane>> {
+pub fn shared() -> Result<&'static ControlPlane> {
     let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(plane) = *slot {
         return Ok(plane);
@@ -337,14 +323,16 @@ pub fn shared() -> Result<&'static std::sync::Mutex<ControlPlane>> {
     })
     .join()
     .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-    let plane: &'static std::sync::Mutex<ControlPlane> =
-        Box::leak(Box::new(std::sync::Mutex::new(plane)));
+    let plane: &'static ControlPlane = Box::leak(Box::new(plane));
     *slot = Some(plane);
     extern "C" fn stop_shared() {
         if let Ok(slot) = SHARED.lock()
             && let Some(plane) = *slot
         {
-            plane.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+            for pid in plane.pids() {
+                super::process::terminate_pid(pid, Duration::from_secs(5));
+            }
+            let _ = std::fs::remove_dir_all(plane.dir());
         }
     }
     // SAFETY: registering a plain extern "C" function with no arguments.

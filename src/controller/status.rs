@@ -1,0 +1,225 @@
+//! What the operator writes back on a LanePool: status fields, conditions that keep their
+//! transition time while unchanged, and event notes in the guide's words. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{LanePoolStatus, LaneStatus};
+use crate::duration::{human_seconds, trim};
+use crate::sizing::{Decision, LaneDecision};
+
+pub const READY: &str = "Ready";
+pub const METRICS_AVAILABLE: &str = "MetricsAvailable";
+pub const SCALING_LIMITED: &str = "ScalingLimited";
+pub const PAUSED: &str = "Paused";
+
+/// A condition before timestamps: type, status, reason, message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Observed {
+    pub fn new(
+        type_: &'static str,
+        status: bool,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// `observed` as conditions, keeping each one's transition time when its status did not change
+/// and keeping conditions of other types as they were.
+pub fn merge_conditions(
+    old: &[Condition],
+    observed: &[Observed],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut conditions: Vec<Condition> = old
+        .iter()
+        .filter(|c| !observed.iter().any(|o| o.type_ == c.type_))
+        .cloned()
+        .collect();
+    for o in observed {
+        let status = if o.status { "True" } else { "False" };
+        let since = old
+            .iter()
+            .find(|c| c.type_ == o.type_ && c.status == status)
+            .map_or(Time(now), |c| c.last_transition_time.clone());
+        conditions.push(Condition {
+            type_: o.type_.into(),
+            status: status.into(),
+            reason: o.reason.clone(),
+            message: o.message.clone(),
+            observed_generation: generation,
+            last_transition_time: since,
+        });
+    }
+    let order = [READY, METRICS_AVAILABLE, SCALING_LIMITED, PAUSED];
+    conditions.sort_by_key(|c| {
+        order
+            .iter()
+            .position(|t| *t == c.type_)
+            .unwrap_or(order.len())
+    });
+    conditions
+}
+
+/// The conditions a decision implies.
+pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Observed> {
+    let metrics = if decision.unavailable.is_empty() {
+        Observed::new(
+            METRICS_AVAILABLE,
+            true,
+            "Measured",
+            "every reserve lane was measured",
+        )
+    } else {
+        Observed::new(
+            METRICS_AVAILABLE,
+            false,
+            "QueryFailed",
+            decision.unavailable.join("; "),
+        )
+    };
+    let mut limits = decision.limited.clone();
+    limits.extend(hpa.clone());
+    let limited = if limits.is_empty() {
+        Observed::new(
+            SCALING_LIMITED,
+            false,
+            "WithinBounds",
+            "every reserve is within its bounds",
+        )
+    } else {
+        let reason = if hpa.is_some() {
+            "HorizontalPodAutoscaler"
+        } else {
+            "AtMax"
+        };
+        Observed::new(SCALING_LIMITED, true, reason, limits.join("; "))
+    };
+    vec![
+        Observed::new(
+            READY,
+            true,
+            "Applied",
+            "the reserved and shared Deployments are applied",
+        ),
+        metrics,
+        limited,
+        Observed::new(PAUSED, false, "Running", "the operator manages this pool"),
+    ]
+}
+
+/// The status fields a decision implies (conditions are merged separately).
+pub fn decision_status(decision: &Decision, generation: Option<i64>) -> LanePoolStatus {
+    LanePoolStatus {
+        observed_generation: generation,
+        reserved: decision.reserved_total(),
+        shared: decision.shared,
+        lanes: decision.lanes.iter().map(lane_status).collect(),
+        conditions: Vec::new(),
+        last_decision: Some(decision.summary()),
+    }
+}
+
+fn lane_status(lane: &LaneDecision) -> LaneStatus {
+    // Three significant figures: enough to read, and the status does not churn on noise.
+    let round = |v: f64| trim(v).parse::<f64>().unwrap_or(v);
+    let load = lane.load.as_ref();
+    LaneStatus {
+        name: lane.name.clone(),
+        arrival_rate: load.map(|l| format!("{}/s", trim(l.arrival_rate))),
+        arrival_rate_per_second: load.map(|l| round(l.arrival_rate)),
+        job_time: load
+            .and_then(|l| l.job_seconds)
+            .map(|j| human_seconds(j).replace(' ', "")),
+        job_seconds: load.and_then(|l| l.job_seconds).map(round),
+        busy_workers: load.map(|l| round(l.arrival_rate * l.job_seconds.unwrap_or(0.0))),
+        recommended_reserve: lane.recommended,
+        reserve: lane.reserve,
+    }
+}
+
+/// An event note for a resized reserve: "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9".
+pub fn scale_note(lane: &LaneDecision, from: Option<i32>, headroom: f64) -> String {
+    let from = from.map_or_else(|| "(new)".to_string(), |n| n.to_string());
+    match (&lane.load, lane.needed) {
+        (Some(load), Some(needed)) => format!(
+            "reserved {} {from} → {}: {}/s × {} × {} = {}",
+            lane.name,
+            lane.reserve,
+            trim(load.arrival_rate),
+            human_seconds(load.job_seconds.unwrap_or(0.0)),
+            trim(headroom),
+            trim(needed)
+        ),
+        _ => format!(
+            "reserved {} {from} → {}: {}",
+            lane.name, lane.reserve, lane.explanation
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sizing::LaneLoad;
+
+    #[test]
+    fn a_scale_event_reads_like_the_guide() {
+        let lane = LaneDecision {
+            name: "urgent".into(),
+            load: Some(LaneLoad {
+                arrival_rate: 92.0,
+                job_seconds: Some(0.021),
+            }),
+            needed: Some(92.0 * 0.021 * 1.5),
+            recommended: 3,
+            reserve: 3,
+            explanation: String::new(),
+        };
+        assert_eq!(
+            scale_note(&lane, Some(1), 1.5),
+            "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9"
+        );
+    }
+
+    #[test]
+    fn an_unchanged_condition_keeps_its_transition_time() {
+        let earlier = Timestamp::from_second(1_000).unwrap();
+        let later = Timestamp::from_second(2_000).unwrap();
+        let first = merge_conditions(
+            &[],
+            &[Observed::new(READY, true, "Applied", "")],
+            Some(1),
+            earlier,
+        );
+        let same = merge_conditions(
+            &first,
+            &[Observed::new(READY, true, "Applied", "")],
+            Some(1),
+            later,
+        );
+        assert_eq!(same[0].last_transition_time, Time(earlier));
+        let flipped = merge_conditions(
+            &same,
+            &[Observed::new(READY, false, "Broken", "")],
+            Some(1),
+            later,
+        );
+        assert_eq!(flipped[0].last_transition_time, Time(later));
+    }
+}

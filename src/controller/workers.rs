@@ -1,0 +1,249 @@
+//! The Deployments a LanePool runs: one of reserved workers per reserve lane, taking only that
+//! lane, and one of shared workers taking every lane in priority order. Pure: built from the
+//! spec and the replica counts, so the same input always gives the same objects.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{EnvVar, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::{Resource, ResourceExt};
+
+use crate::api::{LANE_LABEL, LanePool, POOL_LABEL, ROLE_LABEL};
+use crate::sizing::Replicas;
+
+/// The env var telling a worker which lanes to take, in preference order.
+pub const LANES_ENV: &str = "LANEPOOL_LANES";
+/// The env var telling a worker whether it is `reserved` or `shared`.
+pub const ROLE_ENV: &str = "LANEPOOL_ROLE";
+/// The env var naming the worker's LanePool.
+pub const POOL_ENV: &str = "LANEPOOL_POOL";
+
+/// Deployment annotation: a hash of the pod template as applied, so an unchanged Deployment is
+/// not written again.
+pub const TEMPLATE_HASH: &str = "lanepool.dev/template-hash";
+
+/// Which kind of worker a Deployment runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Takes only this lane.
+    Reserved { lane: String },
+    /// Takes every lane in priority order.
+    Shared,
+}
+
+impl Role {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Role::Reserved { .. } => "reserved",
+            Role::Shared => "shared",
+        }
+    }
+}
+
+/// The name of the Deployment running `role` for `pool`.
+pub fn deployment_name(pool: &str, role: &Role) -> String {
+    match role {
+        Role::Reserved { lane } => format!("{pool}-{lane}-reserved"),
+        Role::Shared => format!("{pool}-shared"),
+    }
+}
+
+/// Every Deployment of the pool with its replica count.
+pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deployment> {
+    let mut deployments: Vec<Deployment> = pool
+        .spec
+        .reserve_lanes()
+        .map(|(lane, reserve)| {
+            let count = replicas
+                .reserved
+                .get(&lane.name)
+                .copied()
+                .unwrap_or(reserve.min);
+            let role = Role::Reserved {
+                lane: lane.name.clone(),
+            };
+            deployment(pool, &role, count)
+        })
+        .collect();
+    deployments.push(deployment(pool, &Role::Shared, replicas.shared));
+    deployments
+}
+
+fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
+    let pool_name = pool.name_any();
+    let lanes = match role {
+        Role::Reserved { lane } => lane.clone(),
+        Role::Shared => pool
+            .spec
+            .lanes
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+    };
+    let mut selector = BTreeMap::from([
+        (POOL_LABEL.to_string(), pool_name.clone()),
+        (ROLE_LABEL.to_string(), role.label().to_string()),
+    ]);
+    if let Role::Reserved { lane } = role {
+        selector.insert(LANE_LABEL.to_string(), lane.clone());
+    }
+
+    let mut template: PodTemplateSpec = pool.spec.template.clone();
+    let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .extend(selector.clone());
+    let env = [
+        (LANES_ENV, lanes),
+        (ROLE_ENV, role.label().to_string()),
+        (POOL_ENV, pool_name.clone()),
+    ];
+    if let Some(spec) = template.spec.as_mut() {
+        for container in &mut spec.containers {
+            let vars = container.env.get_or_insert_with(Vec::new);
+            // The operator's values win over any the template set under the same names.
+            vars.retain(|var| !env.iter().any(|(name, _)| var.name == *name));
+            vars.extend(env.iter().map(|(name, value)| EnvVar {
+                name: (*name).to_string(),
+                value: Some(value.clone()),
+                value_from: None,
+            }));
+        }
+    }
+
+    let template_hash = hash(&serde_json::to_string(&template).unwrap_or_default());
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(deployment_name(&pool_name, role)),
+            namespace: pool.namespace(),
+            labels: Some(selector.clone()),
+            annotations: Some(BTreeMap::from([(TEMPLATE_HASH.to_string(), template_hash)])),
+            owner_references: pool.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                match_expressions: None,
+            },
+            template,
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// FNV-1a: stable across Rust releases and processes, unlike `DefaultHasher`.
+fn hash(text: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LanePoolSpec;
+
+    fn example() -> LanePool {
+        let yaml = include_str!("../../examples/lanepool.yaml");
+        let mut pool: LanePool = serde_yaml::from_str(yaml).expect("the example parses");
+        pool.metadata.namespace = Some("team".into());
+        pool.metadata.uid = Some("1234".into());
+        pool
+    }
+
+    fn env_of(deployment: &Deployment) -> BTreeMap<String, String> {
+        let spec = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|v| (v.name.clone(), v.value.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn reserved_workers_take_only_their_lane_and_shared_take_all_in_order() {
+        let pool = example();
+        let replicas = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 3)]),
+            shared: 7,
+        };
+        let deployments = worker_deployments(&pool, &replicas);
+        let names: Vec<_> = deployments.iter().map(|d| d.name_any()).collect();
+        assert_eq!(names, ["jobs-urgent-reserved", "jobs-shared"]);
+
+        let reserved = env_of(&deployments[0]);
+        assert_eq!(reserved[LANES_ENV], "urgent");
+        assert_eq!(reserved[ROLE_ENV], "reserved");
+        assert_eq!(reserved[POOL_ENV], "jobs");
+        assert_eq!(env_of(&deployments[1])[LANES_ENV], "urgent,batch");
+        assert_eq!(deployments[0].spec.as_ref().unwrap().replicas, Some(3));
+        assert_eq!(deployments[1].spec.as_ref().unwrap().replicas, Some(7));
+    }
+
+    #[test]
+    fn pods_carry_the_pool_and_role_labels_and_match_the_selector() {
+        let deployments = worker_deployments(&example(), &Replicas::default());
+        for deployment in &deployments {
+            let spec = deployment.spec.as_ref().unwrap();
+            let labels = spec
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .clone()
+                .unwrap();
+            assert_eq!(labels[POOL_LABEL], "jobs");
+            for (key, value) in spec.selector.match_labels.as_ref().unwrap() {
+                assert_eq!(
+                    labels.get(key),
+                    Some(value),
+                    "selector {key} not on the pods"
+                );
+            }
+        }
+        let owner = &deployments[0].metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("LanePool", Some(true))
+        );
+    }
+
+    #[test]
+    fn the_operator_env_replaces_template_values_of_the_same_name() {
+        let mut pool = example();
+        let spec: &mut LanePoolSpec = &mut pool.spec;
+        let container = &mut spec.template.spec.as_mut().unwrap().containers[0];
+        container.env = Some(vec![
+            EnvVar {
+                name: LANES_ENV.into(),
+                value: Some("batch".into()),
+                value_from: None,
+            },
+            EnvVar {
+                name: "KEEP".into(),
+                value: Some("me".into()),
+                value_from: None,
+            },
+        ]);
+        let env = env_of(&worker_deployments(&pool, &Replicas::default())[0]);
+        assert_eq!(env[LANES_ENV], "urgent");
+        assert_eq!(env["KEEP"], "me");
+    }
+}

@@ -1,0 +1,171 @@
+//! The operator's own metrics, served on /metrics: reconciles and their errors, each pool's
+//! decision, Prometheus query latency and failures, and writes to the API server. Recording a
+//! metric must never fail or block a reconcile.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use crate::sizing::Decision;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every metric the operator exports.
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<Labels, Counter>,
+    reconcile_errors: Family<Labels, Counter>,
+    reconcile_duration: Histogram,
+    reserved: Family<Labels, Gauge>,
+    shared: Family<Labels, Gauge>,
+    arrival_rate: Family<Labels, Gauge<f64, AtomicU64>>,
+    job_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    query_duration: Histogram,
+    query_failures: Counter,
+    writes: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("lanepool_operator");
+        let metrics = Self {
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            reserved: Family::default(),
+            shared: Family::default(),
+            arrival_rate: Family::default(),
+            job_seconds: Family::default(),
+            query_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            query_failures: Counter::default(),
+            writes: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "reconciles",
+            "Reconciles of LanePools",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles, by kind of error",
+            metrics.reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time a reconcile took",
+            metrics.reconcile_duration.clone(),
+        );
+        registry.register(
+            "reserved_workers",
+            "Reserved workers decided per pool and lane",
+            metrics.reserved.clone(),
+        );
+        registry.register(
+            "shared_workers",
+            "Shared workers decided per pool",
+            metrics.shared.clone(),
+        );
+        registry.register(
+            "arrival_rate",
+            "Measured arrival rate per pool and reserve lane, jobs per second",
+            metrics.arrival_rate.clone(),
+        );
+        registry.register(
+            "job_seconds",
+            "Measured mean job time per pool and reserve lane",
+            metrics.job_seconds.clone(),
+        );
+        registry.register(
+            "prometheus_query_duration_seconds",
+            "Latency of queries to Prometheus",
+            metrics.query_duration.clone(),
+        );
+        registry.register(
+            "prometheus_query_failures",
+            "Queries to Prometheus that failed",
+            metrics.query_failures.clone(),
+        );
+        registry.register(
+            "kube_writes",
+            "Writes to the API server, by result (success, failure, timeout)",
+            metrics.writes.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+}
+
+impl Metrics {
+    pub fn reconciled(&self, namespace: &str, pool: &str, took: Duration) {
+        self.reconciles
+            .get_or_create(&vec![
+                ("namespace", namespace.into()),
+                ("pool", pool.into()),
+            ])
+            .inc();
+        self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn reconcile_failed(&self, error: &'static str) {
+        self.reconcile_errors
+            .get_or_create(&vec![("error", error.to_string())])
+            .inc();
+    }
+
+    pub fn decided(&self, namespace: &str, pool: &str, decision: &Decision) {
+        let pool_labels = || {
+            vec![
+                ("namespace", namespace.to_string()),
+                ("pool", pool.to_string()),
+            ]
+        };
+        for lane in &decision.lanes {
+            let mut labels = pool_labels();
+            labels.push(("lane", lane.name.clone()));
+            self.reserved
+                .get_or_create(&labels)
+                .set(i64::from(lane.reserve));
+            if let Some(load) = lane.load {
+                self.arrival_rate
+                    .get_or_create(&labels)
+                    .set(load.arrival_rate);
+                if let Some(job) = load.job_seconds {
+                    self.job_seconds.get_or_create(&labels).set(job);
+                }
+            }
+        }
+        self.shared
+            .get_or_create(&pool_labels())
+            .set(i64::from(decision.shared));
+    }
+
+    pub fn observe_query(&self, took: Duration, failure: Option<&str>) {
+        self.query_duration.observe(took.as_secs_f64());
+        if failure.is_some() {
+            self.query_failures.inc();
+        }
+    }
+
+    pub fn wrote(&self, result: &'static str) {
+        self.writes
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}

@@ -1,0 +1,168 @@
+//! `lanepool run`: starts the operator (the controller and the /metrics and health endpoint side
+//! by side) and stops both on SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::{error, info};
+
+use crate::controller::{Context, QueryWindows, Settings};
+use crate::duration;
+use crate::metrics::Metrics;
+use crate::server::{self, Health};
+
+/// Flags of `lanepool run`; each can also be set by its environment variable.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Prometheus base URL for LanePools that name none in spec.prometheus.url.
+    #[arg(long, env = "LANEPOOL_PROMETHEUS_URL", value_name = "URL")]
+    pub prometheus_url: Option<String>,
+
+    /// Namespaces to watch, comma-separated; every namespace when empty.
+    #[arg(
+        long,
+        env = "LANEPOOL_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NAMESPACE"
+    )]
+    pub namespaces: Vec<String>,
+
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, env = "LANEPOOL_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+
+    /// Log format: text or json.
+    #[arg(long, env = "LANEPOOL_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// Log level or filter, such as info or lanepool=debug,kube=warn.
+    #[arg(long, env = "LANEPOOL_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Trailing window of the default arrival-rate query.
+    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = "1m", value_parser = promql_duration)]
+    pub rate_window: String,
+
+    /// Trailing window of the default job-time query.
+    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = "5m", value_parser = promql_duration)]
+    pub job_time_window: String,
+
+    /// How long one write to the API server may take.
+    #[arg(long, env = "LANEPOOL_WRITE_TIMEOUT", default_value = "10s", value_parser = duration_flag)]
+    pub write_timeout: Duration,
+}
+
+fn duration_flag(value: &str) -> Result<Duration, String> {
+    match duration::parse(value) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be more than 0".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A window PromQL accepts: a whole number of seconds, minutes or hours.
+fn promql_duration(value: &str) -> Result<String, String> {
+    let digits = value.trim_end_matches(['s', 'm', 'h']);
+    let unit = &value[digits.len()..];
+    if unit.len() == 1
+        && !digits.is_empty()
+        && digits.chars().all(|c| c.is_ascii_digit())
+        && digits != "0"
+    {
+        Ok(value.to_string())
+    } else {
+        Err(format!("{value:?} is not a window such as 30s, 1m or 5m"))
+    }
+}
+
+/// Runs the operator until SIGTERM or Ctrl-C.
+pub fn run(args: RunArgs) -> ExitCode {
+    if let Err(message) = init_logging(&args) {
+        eprintln!("error: --log-level: {message}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(operate(args))
+}
+
+async fn operate(args: RunArgs) -> ExitCode {
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(e) => {
+            error!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config): {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match server::bind(args.metrics_addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            error!("--metrics-addr {}: {e}", args.metrics_addr);
+            return ExitCode::from(2);
+        }
+    };
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health {
+        ready: Default::default(),
+    });
+    let settings = Settings {
+        default_prometheus_url: args.prometheus_url.clone(),
+        windows: QueryWindows {
+            arrival_rate: args.rate_window.clone(),
+            job_time: args.job_time_window.clone(),
+        },
+        write_timeout: args.write_timeout,
+    };
+    let ctx = Arc::new(Context::new(client, metrics.clone(), settings));
+    let endpoint = tokio::spawn(server::serve(listener, metrics, health.clone()));
+    info!(
+        metrics_addr = %args.metrics_addr,
+        namespaces = ?args.namespaces,
+        prometheus_url = ?args.prometheus_url,
+        "lanepool operator starting"
+    );
+    health.ready.store(true, Ordering::Relaxed);
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown_signal()));
+    crate::controller::run(ctx, args.namespaces, shutdown).await;
+    endpoint.abort();
+    info!("lanepool operator stopped");
+    ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = terminate => {},
+    }
+}
+
+fn init_logging(args: &RunArgs) -> Result<(), String> {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&args.log_level).map_err(|e| e.to_string())?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let result = if args.log_format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+    result.map_err(|e| e.to_string())
+}

@@ -1,0 +1,426 @@
+//! The controller against a real kube-apiserver and a real Prometheus scraping simulated
+//! workers: Deployments appear as the guide arranges them, the reserve follows the urgent
+//! arrival rate, and failures (Prometheus down, bad PromQL, hand-scaling, missing Secrets) are
+//! handled the way the README promises.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use lanepool::api::LanePool;
+use lanepool::controller::{self, Context, QueryWindows, Settings};
+use lanepool::metrics::Metrics;
+use lanepool::testenv::{self, SimulatedWorkers, TestPrometheus};
+use serde_json::json;
+
+/// One test's world: its namespace, simulated workers, Prometheus and a running controller.
+struct World {
+    client: Client,
+    namespace: String,
+    workers: SimulatedWorkers,
+    prometheus: TestPrometheus,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl World {
+    async fn start(prefix: &str) -> Self {
+        let plane = testenv::shared().expect("the control plane starts");
+        let (client, namespace) = {
+            let client = plane.client().await.unwrap();
+            let namespace = plane.namespace(&client, prefix).await.unwrap();
+            (client, namespace)
+        };
+        let workers = SimulatedWorkers::start().unwrap();
+        let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
+        let settings = Settings {
+            default_prometheus_url: Some(prometheus.url()),
+            windows: QueryWindows {
+                arrival_rate: "5s".into(),
+                job_time: "5s".into(),
+            },
+            write_timeout: Duration::from_secs(10),
+        };
+        let ctx = Arc::new(Context::new(
+            client.clone(),
+            Arc::new(Metrics::default()),
+            settings,
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = futures::FutureExt::shared(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        tokio::spawn(controller::run(ctx, vec![namespace.clone()], shutdown));
+        Self {
+            client,
+            namespace,
+            workers,
+            prometheus,
+            stop: Some(stop),
+        }
+    }
+
+    fn urgent(&self, rate: f64, job_seconds: f64) {
+        self.workers
+            .set_lane(&self.namespace, "jobs", "urgent", rate, job_seconds);
+    }
+
+    async fn apply_pool(&self, change: impl FnOnce(&mut serde_json::Value)) {
+        let yaml = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/lanepool.yaml"
+        ))
+        .unwrap();
+        let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        let spec = &mut manifest["spec"];
+        spec["interval"] = json!("5s");
+        spec["scaleDown"]["stabilizationWindow"] = json!("20s");
+        spec.as_object_mut().unwrap().remove("prometheus");
+        change(spec);
+        let pool: LanePool = serde_json::from_value(manifest).unwrap();
+        Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn replicas(&self, name: &str) -> Option<i32> {
+        self.deployments().get_opt(name).await.ok()??.spec?.replicas
+    }
+
+    async fn pool(&self) -> LanePool {
+        Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
+            .get("jobs")
+            .await
+            .unwrap()
+    }
+
+    async fn condition(&self, type_: &str) -> Option<(String, String, String)> {
+        let pool = self.pool().await;
+        let c = pool
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)?;
+        Some((c.status, c.reason, c.message))
+    }
+
+    async fn events(&self) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Polls `check` every 250 ms until it is true, or fails after `seconds`.
+    async fn until<F, Fut>(&self, seconds: u64, what: &str, mut check: F) -> Duration
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let started = Instant::now();
+        while !check().await {
+            assert!(
+                started.elapsed() < Duration::from_secs(seconds),
+                "{what}: not within {seconds} s; status: {:?}",
+                self.pool().await.status
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        started.elapsed()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_gets_reserved_and_shared_deployments() {
+    let world = World::start("deploy").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(30, "both Deployments", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+                && world.replicas("jobs-shared").await == Some(9)
+        })
+        .await;
+    let pool = world.pool().await;
+    for (name, lanes, role) in [
+        ("jobs-urgent-reserved", "urgent", "reserved"),
+        ("jobs-shared", "urgent,batch", "shared"),
+    ] {
+        let deployment = world.deployments().get(name).await.unwrap();
+        let template = deployment.spec.unwrap().template;
+        let labels = template.metadata.unwrap().labels.unwrap();
+        assert_eq!(labels["lanepool.dev/pool"], "jobs");
+        assert_eq!(labels["lanepool.dev/role"], role);
+        let env = template.spec.unwrap().containers[0].env.clone().unwrap();
+        let value = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(value("LANEPOOL_LANES").as_deref(), Some(lanes));
+        assert_eq!(value("LANEPOOL_ROLE").as_deref(), Some(role));
+        assert_eq!(value("LANEPOOL_POOL").as_deref(), Some("jobs"));
+        let owner = &deployment.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("LanePool", pool.uid().unwrap().as_str(), Some(true))
+        );
+    }
+    world
+        .until(30, "MetricsAvailable and a decision in words", || async {
+            let status = world.pool().await.status.unwrap_or_default();
+            status
+                .last_decision
+                .is_some_and(|d| d.starts_with("urgent 30/s × 20 ms × 1.5"))
+                && world
+                    .condition("MetricsAvailable")
+                    .await
+                    .is_some_and(|c| c.0 == "True")
+        })
+        .await;
+
+    // A deleted Deployment comes back.
+    world
+        .deployments()
+        .delete("jobs-shared", &Default::default())
+        .await
+        .unwrap();
+    world
+        .until(20, "the shared Deployment recreated", || async {
+            world.replicas("jobs-shared").await == Some(9)
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserve_follows_the_urgent_rate_and_scale_down_waits() {
+    let world = World::start("follow").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(40, "1 reserved at 30/s", || async {
+            world
+                .condition("MetricsAvailable")
+                .await
+                .is_some_and(|c| c.0 == "True")
+                && world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+
+    world.urgent(150.0, 0.020);
+    let grew = world
+        .until(40, "5 reserved at 150/s", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+    assert_eq!(
+        world.replicas("jobs-shared").await,
+        Some(5),
+        "the budget of 10 is kept"
+    );
+    eprintln!(
+        "reaction 30/s → 150/s: {:.1} s (interval 5 s, scrape 1 s, rate window 5 s)",
+        grew.as_secs_f64()
+    );
+    world
+        .until(10, "a Scaled event in the guide's words", || async {
+            world.events().await.iter().any(|(reason, note)| {
+                reason == "Scaled"
+                    && note.starts_with("reserved urgent 1 → 5: ")
+                    && note.contains("× 1.5 = ")
+            })
+        })
+        .await;
+
+    world.urgent(30.0, 0.020);
+    let dropped = Instant::now();
+    let shrank = world
+        .until(60, "back to 1 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+    assert!(
+        shrank >= Duration::from_secs(15),
+        "scaled down after {shrank:?}, inside the 20 s window"
+    );
+    assert_eq!(world.replicas("jobs-shared").await, Some(9));
+    eprintln!(
+        "scale-down after the drop: {:.1} s (window 20 s)",
+        dropped.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_down_holds_the_counts_and_scaling_resumes_after() {
+    let mut world = World::start("down").await;
+    world.urgent(150.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(40, "5 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+
+    world.prometheus.stop();
+    world
+        .until(30, "MetricsAvailable=False", || async {
+            world
+                .condition("MetricsAvailable")
+                .await
+                .is_some_and(|c| c.0 == "False")
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        world.replicas("jobs-urgent-reserved").await,
+        Some(5),
+        "held, not zero"
+    );
+    assert_eq!(world.replicas("jobs-shared").await, Some(5));
+    let events = world.events().await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, _)| reason == "MetricsUnavailable"),
+        "{events:?}"
+    );
+
+    world.urgent(90.0, 0.020);
+    world.prometheus.resume().unwrap();
+    world
+        .until(
+            60,
+            "scaling resumes: 90/s × 20 ms × 1.5 → 3 after the window",
+            || async {
+                world
+                    .condition("MetricsAvailable")
+                    .await
+                    .is_some_and(|c| c.0 == "True")
+                    && world.replicas("jobs-urgent-reserved").await == Some(3)
+            },
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_scaled_reserve_is_restored() {
+    let world = World::start("restore").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(30, "1 reserved", || async {
+            world
+                .condition("Ready")
+                .await
+                .is_some_and(|c| c.0 == "True")
+                && world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+    world
+        .deployments()
+        .patch(
+            "jobs-urgent-reserved",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    world
+        .until(20, "restored to 1", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+    let events = world.events().await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, note)| reason == "ReplicasRestored" && note.contains("scaled to 4")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promql_syntax_error_is_reported_with_prometheus_message() {
+    let world = World::start("promql").await;
+    world
+        .apply_pool(|spec| {
+            spec["lanes"][0]["reserve"]["arrivalRate"] = json!({"query": "sum(rate(oops[1m]"})
+        })
+        .await;
+    world
+        .until(
+            30,
+            "MetricsAvailable=False with the parse error",
+            || async {
+                world
+                    .condition("MetricsAvailable")
+                    .await
+                    .is_some_and(|(status, _, message)| {
+                        status == "False" && message.contains("parse error")
+                    })
+            },
+        )
+        .await;
+    assert_eq!(
+        world.replicas("jobs-urgent-reserved").await,
+        Some(1),
+        "starts at min, never zero"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_secret_makes_the_pool_not_ready_and_others_carry_on() {
+    let world = World::start("secret").await;
+    world
+        .apply_pool(|spec| {
+            spec["prometheus"] = json!({"bearerTokenSecret": {"name": "absent", "key": "token"}})
+        })
+        .await;
+    world
+        .until(30, "Ready=False naming the Secret", || async {
+            world
+                .condition("Ready")
+                .await
+                .is_some_and(|(status, reason, message)| {
+                    status == "False" && reason == "MissingSecret" && message.contains("absent")
+                })
+        })
+        .await;
+    assert_eq!(
+        world.replicas("jobs-shared").await,
+        None,
+        "nothing is applied from an invalid pool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_pool_is_left_alone() {
+    let world = World::start("paused").await;
+    world.apply_pool(|spec| spec["paused"] = json!(true)).await;
+    world
+        .until(30, "Paused=True", || async {
+            world
+                .condition("Paused")
+                .await
+                .is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert_eq!(world.replicas("jobs-shared").await, None);
+}
