@@ -139,6 +139,7 @@ pub struct Lane {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.min <= self.max").message("reserve.min must not exceed reserve.max"))]
+#[x_kube(validation = Rule::new("(has(self.sizing) && self.sizing == 'LatencyTarget') == has(self.targetP99)").message("reserve.targetP99 is required with sizing LatencyTarget and not allowed otherwise").field_path(".targetP99"))]
 pub struct Reserve {
     /// Fewest reserved workers, whatever the load. Default 1.
     #[serde(default = "default_reserve_min")]
@@ -150,9 +151,16 @@ pub struct Reserve {
     pub max: i32,
 
     /// How the reserve is computed from the measured load. `Formula` (the default):
-    /// ceil(arrival rate × job time × headroom).
+    /// ceil(arrival rate × job time × headroom). `LatencyTarget`: the smallest reserve whose
+    /// predicted p99 (Poisson arrivals, reserved workers alone) meets `targetP99`.
     #[serde(default)]
     pub sizing: SizingMode,
+
+    /// With sizing LatencyTarget: the urgent p99, submission to completion, to plan for
+    /// (for example "25ms"). More than 0, at most 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1h')").message("reserve.targetP99 must be more than 0 and at most 1h"))]
+    pub target_p99: Option<KubeDuration>,
 
     /// The lane's arrival rate, in jobs per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,6 +177,8 @@ pub enum SizingMode {
     /// The guide's rule: ceil(arrival rate × job time × headroom), clamped to [min, max].
     #[default]
     Formula,
+    /// The smallest reserve whose predicted p99 meets `targetP99`, clamped to [min, max].
+    LatencyTarget,
 }
 
 /// A PromQL query answering one number.

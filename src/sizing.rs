@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::api::{LanePoolSpec, MetricsUnavailableAction};
+use crate::api::{LanePoolSpec, MetricsUnavailableAction, SizingMode};
 use crate::duration::{human_seconds, trim};
 use crate::{Error, Result};
 
@@ -27,6 +27,8 @@ pub struct LaneSizing {
     pub name: String,
     pub min: i32,
     pub max: i32,
+    /// How the lane's measured load becomes its reserve.
+    pub rule: Rule,
 }
 
 /// How the pool's size is set.
@@ -98,7 +100,10 @@ pub struct LaneDecision {
     pub recommended: i32,
     /// The reserve to run.
     pub reserve: i32,
-    /// The arithmetic in words: "urgent 30/s × 20 ms × 1.5 = 0.9 → 1 reserved".
+    /// The measurement behind the recommendation: "30/s × 20 ms × 1.5 = 0.9"; `None` when
+    /// the lane could not be measured.
+    pub arithmetic: Option<String>,
+    /// The whole decision in words: "urgent 30/s × 20 ms × 1.5 = 0.9 → 1 → 1 reserved".
     pub explanation: String,
 }
 
@@ -150,7 +155,12 @@ impl PoolSizing {
             ));
         }
         let mut lanes = Vec::new();
-        for (i, (lane, reserve)) in spec.reserve_lanes().enumerate() {
+        let reserve_lanes = spec
+            .lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, lane)| Some((i, lane, lane.reserve.as_ref()?)));
+        for (i, lane, reserve) in reserve_lanes {
             let field = format!("spec.lanes[{i}].reserve");
             if reserve.min < 0 || reserve.min > reserve.max {
                 return Err(Error::invalid(
@@ -161,10 +171,35 @@ impl PoolSizing {
                     ),
                 ));
             }
+            let rule = match (reserve.sizing, &reserve.target_p99) {
+                (SizingMode::Formula, _) => Rule::Formula,
+                (SizingMode::LatencyTarget, Some(target)) => {
+                    let target = target.get().map_err(|source| Error::Duration {
+                        field: format!("{field}.targetP99"),
+                        source,
+                    })?;
+                    if target.is_zero() {
+                        return Err(Error::invalid(
+                            format!("{field}.targetP99"),
+                            "must be more than 0",
+                        ));
+                    }
+                    Rule::LatencyTarget {
+                        p99_seconds: target.as_secs_f64(),
+                    }
+                }
+                (SizingMode::LatencyTarget, None) => {
+                    return Err(Error::invalid(
+                        format!("{field}.targetP99"),
+                        "required with sizing LatencyTarget",
+                    ));
+                }
+            };
             lanes.push(LaneSizing {
                 name: lane.name.clone(),
                 min: reserve.min,
                 max: reserve.max,
+                rule,
             });
         }
         if lanes.is_empty() {
@@ -331,13 +366,8 @@ pub fn latency_target(
     (0..=most.max(0)).find(|r| predicted_p99(arrival_rate, job_seconds, *r) <= p99_seconds)
 }
 
-/// Decides the replica counts for one evaluation.
+/// Decides the replica counts for one evaluation, recommending each reserve by its lane's rule.
 pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
-    decide_by(sizing, inputs, Rule::Formula)
-}
-
-/// Decides the replica counts for one evaluation, recommending each reserve by `rule`.
-pub fn decide_by(sizing: &PoolSizing, inputs: Inputs<'_>, rule: Rule) -> Decision {
     let mut history = History::new();
     let mut unavailable = Vec::new();
     let mut limited = Vec::new();
@@ -349,15 +379,8 @@ pub fn decide_by(sizing: &PoolSizing, inputs: Inputs<'_>, rule: Rule) -> Decisio
             .and_then(|c| c.reserved.get(&lane.name).copied());
         let decision = match inputs.loads.get(&lane.name) {
             Some(Ok(load)) => {
-                let (past, capped) = measured(
-                    sizing,
-                    lane,
-                    load,
-                    current,
-                    inputs.history,
-                    inputs.now,
-                    rule,
-                );
+                let (past, capped) =
+                    measured(sizing, lane, load, current, inputs.history, inputs.now);
                 history.insert(lane.name.clone(), past.0);
                 limited.extend(capped);
                 past.1
@@ -402,10 +425,9 @@ fn measured(
     current: Option<i32>,
     history: &History,
     now: Duration,
-    rule: Rule,
 ) -> (Remembered, Option<String>) {
     let job = load.job_seconds.unwrap_or(0.0);
-    let (needed, ceiling) = match rule {
+    let (needed, ceiling) = match lane.rule {
         Rule::Formula => formula(load.arrival_rate, job, sizing.headroom),
         Rule::LatencyTarget { p99_seconds } => {
             // Beyond max the target is out of reach; max + 1 makes that show as "capped".
@@ -440,25 +462,22 @@ fn measured(
     let highest = past.iter().map(|r| r.reserve).max().unwrap_or(recommended);
     let reserve = highest.clamp(lane.min, lane.max);
 
-    let mut explanation = match rule {
+    let arithmetic = match lane.rule {
         Rule::Formula => format!(
-            "{} {}/s × {} × {} = {} → {}",
-            lane.name,
+            "{}/s × {} × {} = {}",
             trim(load.arrival_rate),
             human_seconds(job),
             trim(sizing.headroom),
-            trim(needed),
-            ceiling
+            trim(needed)
         ),
         Rule::LatencyTarget { p99_seconds } => format!(
-            "{} {}/s × {}, p99 ≤ {} → {}",
-            lane.name,
+            "{}/s × {}, p99 ≤ {}",
             trim(load.arrival_rate),
             human_seconds(job),
-            human_seconds(p99_seconds),
-            ceiling
+            human_seconds(p99_seconds)
         ),
     };
+    let mut explanation = format!("{} {arithmetic} → {ceiling}", lane.name);
     if ceiling != recommended {
         let bound = if ceiling > lane.max { "max" } else { "min" };
         explanation.push_str(&format!(", {bound} {recommended}"));
@@ -477,6 +496,7 @@ fn measured(
         needed: Some(needed),
         recommended,
         reserve,
+        arithmetic: Some(arithmetic),
         explanation,
     };
     ((past, decision), capped)
@@ -500,6 +520,7 @@ fn unmeasured_lane(
         needed: None,
         recommended: reserve,
         reserve,
+        arithmetic: None,
         explanation: format!(
             "{}: metrics unavailable ({reason}); {why} → {reserve} reserved",
             lane.name

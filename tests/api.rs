@@ -125,7 +125,8 @@ async fn every_field_round_trips_through_the_api() {
                 reserve: Some(Reserve {
                     min: 2,
                     max: 7,
-                    sizing: SizingMode::Formula,
+                    sizing: SizingMode::LatencyTarget,
+                    target_p99: Some(KubeDuration::new("25ms")),
                     arrival_rate: Some(MetricQuery {
                         query: Some("sum(rate(x[1m]))".into()),
                     }),
@@ -141,6 +142,7 @@ async fn every_field_round_trips_through_the_api() {
                     min: 0,
                     max: 1,
                     sizing: SizingMode::Formula,
+                    target_p99: None,
                     arrival_rate: None,
                     job_time: None,
                 }),

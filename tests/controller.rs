@@ -424,3 +424,30 @@ async fn a_paused_pool_is_left_alone() {
         .await;
     assert_eq!(world.replicas("jobs-shared").await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latency_target_reserves_enough_for_the_p99() {
+    let world = World::start("target").await;
+    world.urgent(30.0, 0.020);
+    world
+        .apply_pool(|spec| {
+            spec["lanes"][0]["reserve"]["sizing"] = json!("LatencyTarget");
+            spec["lanes"][0]["reserve"]["targetP99"] = json!("25ms");
+        })
+        .await;
+    // The formula gives 1 at 30/s × 20 ms; a 25 ms p99 with Poisson arrivals needs 3.
+    world
+        .until(40, "3 reserved for p99 ≤ 25 ms", || async {
+            world
+                .condition("MetricsAvailable")
+                .await
+                .is_some_and(|c| c.0 == "True")
+                && world.replicas("jobs-urgent-reserved").await == Some(3)
+        })
+        .await;
+    let decision = world.pool().await.status.unwrap().last_decision.unwrap();
+    assert!(
+        decision.starts_with("urgent 30/s × 20 ms, p99 ≤ 25 ms → 3"),
+        "{decision}"
+    );
+}

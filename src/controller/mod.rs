@@ -301,16 +301,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
 
     if let Some(decision) = decision {
         let hpa = autoscaler_conflict(pool, ctx, &namespace).await?;
-        report(
-            pool,
-            ctx,
-            &old_status,
-            &sizing,
-            &decision,
-            applied.as_ref(),
-            hpa,
-        )
-        .await?;
+        report(pool, ctx, &old_status, &decision, applied.as_ref(), hpa).await?;
     }
     let wait =
         interval.saturating_sub(now.saturating_sub(ctx.memory(&key).measured_at.unwrap_or(now)));
@@ -552,7 +543,6 @@ async fn report(
     pool: &LanePool,
     ctx: &Context,
     old: &crate::api::LanePoolStatus,
-    sizing: &PoolSizing,
     decision: &Decision,
     applied: Option<&Replicas>,
     hpa: Option<String>,
@@ -562,7 +552,7 @@ async fn report(
     for lane in &decision.lanes {
         let from = applied.and_then(|a| a.reserved.get(&lane.name).copied());
         if from != Some(lane.reserve) {
-            let note = status::scale_note(lane, from, sizing.headroom);
+            let note = status::scale_note(lane, from);
             info!(pool = %name, "{note}");
             ctx.event(pool, EventType::Normal, "Scaled", note).await;
         }

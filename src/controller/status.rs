@@ -154,46 +154,66 @@ fn lane_status(lane: &LaneDecision) -> LaneStatus {
 }
 
 /// An event note for a resized reserve: "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9".
-pub fn scale_note(lane: &LaneDecision, from: Option<i32>, headroom: f64) -> String {
+pub fn scale_note(lane: &LaneDecision, from: Option<i32>) -> String {
     let from = from.map_or_else(|| "(new)".to_string(), |n| n.to_string());
-    match (&lane.load, lane.needed) {
-        (Some(load), Some(needed)) => format!(
-            "reserved {} {from} → {}: {}/s × {} × {} = {}",
-            lane.name,
-            lane.reserve,
-            trim(load.arrival_rate),
-            human_seconds(load.job_seconds.unwrap_or(0.0)),
-            trim(headroom),
-            trim(needed)
-        ),
-        _ => format!(
-            "reserved {} {from} → {}: {}",
-            lane.name, lane.reserve, lane.explanation
-        ),
-    }
+    let why = lane.arithmetic.as_deref().unwrap_or("metrics unavailable");
+    format!("reserved {} {from} → {}: {why}", lane.name, lane.reserve)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sizing::LaneLoad;
 
     #[test]
     fn a_scale_event_reads_like_the_guide() {
-        let lane = LaneDecision {
-            name: "urgent".into(),
-            load: Some(LaneLoad {
+        use crate::sizing::*;
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+        let sizing = PoolSizing {
+            lanes: vec![LaneSizing {
+                name: "urgent".into(),
+                min: 1,
+                max: 6,
+                rule: Rule::Formula,
+            }],
+            headroom: 1.5,
+            size: PoolSize::Shared { replicas: 8 },
+            stabilization_window: Duration::from_secs(300),
+            on_unavailable: UnavailablePolicy::Hold,
+        };
+        let loads = BTreeMap::from([(
+            "urgent".to_string(),
+            Ok(LaneLoad {
                 arrival_rate: 92.0,
                 job_seconds: Some(0.021),
             }),
-            needed: Some(92.0 * 0.021 * 1.5),
-            recommended: 3,
-            reserve: 3,
-            explanation: String::new(),
-        };
+        )]);
+        let decision = decide(
+            &sizing,
+            Inputs {
+                loads: &loads,
+                current: None,
+                history: &History::new(),
+                now: Duration::ZERO,
+            },
+        );
         assert_eq!(
-            scale_note(&lane, Some(1), 1.5),
+            scale_note(&decision.lanes[0], Some(1)),
             "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9"
+        );
+        let unmeasured = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
+        let held = decide(
+            &sizing,
+            Inputs {
+                loads: &unmeasured,
+                current: None,
+                history: &History::new(),
+                now: Duration::ZERO,
+            },
+        );
+        assert_eq!(
+            scale_note(&held.lanes[0], None),
+            "reserved urgent (new) → 1: metrics unavailable"
         );
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::observe::Observed;
 use super::scenario::{Autoscale, Nanos};
-use crate::sizing::{Decision, History, Inputs, LaneLoad, Replicas, decide_by};
+use crate::sizing::{Decision, History, Inputs, LaneLoad, Replicas, decide};
 
 pub const LANE: &str = "urgent";
 
@@ -69,7 +69,7 @@ impl Control {
         now: Nanos,
     ) -> Decision {
         let loads = BTreeMap::from([(LANE.to_string(), load)]);
-        decide_by(
+        decide(
             &self.config.sizing,
             Inputs {
                 loads: &loads,
@@ -77,7 +77,6 @@ impl Control {
                 history: &self.history,
                 now: Duration::from_nanos(now),
             },
-            self.config.rule,
         )
     }
 

@@ -19,6 +19,7 @@ pub fn default_autoscale(workers: u32) -> Autoscale {
                 name: super::autoscale::LANE.to_string(),
                 min: 1,
                 max: workers as i32 - 1,
+                rule: Rule::Formula,
             }],
             headroom: 1.5,
             size: PoolSize::Budget {
@@ -28,7 +29,6 @@ pub fn default_autoscale(workers: u32) -> Autoscale {
             stabilization_window: Duration::from_secs(300),
             on_unavailable: UnavailablePolicy::Hold,
         },
-        rule: Rule::Formula,
         interval: 30_000_000_000,
         rate_window: 60_000_000_000,
         job_time_window: 300_000_000_000,

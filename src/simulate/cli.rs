@@ -371,12 +371,12 @@ impl SimulateArgs {
             }
         };
         Ok(Autoscale {
-            rule,
             sizing: PoolSizing {
                 lanes: vec![LaneSizing {
                     name: super::autoscale::LANE.to_string(),
                     min: self.reserve_min,
                     max,
+                    rule,
                 }],
                 headroom: self.headroom,
                 size,

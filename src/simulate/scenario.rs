@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::arrivals::ArrivalKind;
 use super::profile::RateProfile;
-use crate::sizing::{PoolSizing, Rule};
+use crate::sizing::PoolSizing;
 
 pub type Nanos = u64;
 
@@ -116,8 +116,6 @@ pub struct Scenario {
 pub struct Autoscale {
     /// The same settings the operator reads from a LanePool, one reserve lane named `urgent`.
     pub sizing: PoolSizing,
-    /// How a measured load becomes a reserve.
-    pub rule: Rule,
     pub interval: Nanos,
     /// The trailing window of the arrival-rate query (`rate(...[1m])`).
     pub rate_window: Nanos,

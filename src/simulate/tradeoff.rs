@@ -61,11 +61,12 @@ pub fn autoscaled(base: &Scenario, config: &Autoscale) -> Vec<Point> {
     );
     rules
         .map(|(policy, rule)| {
+            let mut config = config.clone();
+            for lane in &mut config.sizing.lanes {
+                lane.rule = rule;
+            }
             let outcome = run(&Scenario {
-                autoscale: Some(Autoscale {
-                    rule,
-                    ..config.clone()
-                }),
+                autoscale: Some(config),
                 ..base.clone()
             });
             let mean = outcome.mean_reserve(0, outcome.duration);

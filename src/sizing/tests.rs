@@ -7,6 +7,7 @@ fn pool(size: PoolSize, window_secs: u64) -> PoolSizing {
             name: "urgent".into(),
             min: 1,
             max: 6,
+            rule: Rule::Formula,
         }],
         headroom: 1.5,
         size,
@@ -267,6 +268,7 @@ fn arbitrary_pool() -> impl Strategy<Value = PoolSizing> {
                     name: "urgent".into(),
                     min,
                     max,
+                    rule: Rule::Formula,
                 }],
                 headroom,
                 size: if budget_mode {
@@ -359,31 +361,33 @@ fn a_latency_target_reserves_more_than_the_formula_for_poisson_arrivals() {
     assert_eq!(latency_target(30.0, 0.020, 0.025, 10), Some(3));
     assert_eq!(latency_target(0.0, 0.020, 0.025, 10), Some(0));
     assert_eq!(latency_target(150.0, 0.020, 0.025, 3), None);
-    let decision = decide_by(
-        &budget(),
-        Inputs {
-            loads: &loads(30.0, 0.020),
-            current: None,
-            history: &History::new(),
-            now: Duration::ZERO,
-        },
-        Rule::LatencyTarget { p99_seconds: 0.025 },
-    );
+    let mut sizing = budget();
+    sizing.lanes[0].rule = Rule::LatencyTarget { p99_seconds: 0.025 };
+    let decision = at(&sizing, &loads(30.0, 0.020), None, &History::new(), 0);
     assert_eq!(decision.lanes[0].reserve, 3);
     assert_eq!(
         decision.lanes[0].explanation,
         "urgent 30/s × 20 ms, p99 ≤ 25 ms → 3 → 3 reserved"
     );
-    let capped = decide_by(
-        &budget(),
-        Inputs {
-            loads: &loads(400.0, 0.020),
-            current: None,
-            history: &History::new(),
-            now: Duration::ZERO,
-        },
-        Rule::LatencyTarget { p99_seconds: 0.025 },
-    );
+    let capped = at(&sizing, &loads(400.0, 0.020), None, &History::new(), 0);
     assert_eq!(capped.lanes[0].reserve, 6);
     assert_eq!(capped.limited.len(), 1);
+}
+
+#[test]
+fn a_latency_target_in_the_spec_becomes_the_lanes_rule() {
+    let yaml = include_str!("../../examples/lanepool.yaml");
+    let mut pool: crate::api::LanePool = serde_yaml::from_str(yaml).unwrap();
+    let reserve = pool.spec.lanes[0].reserve.as_mut().unwrap();
+    reserve.sizing = crate::api::SizingMode::LatencyTarget;
+    reserve.target_p99 = Some(crate::duration::KubeDuration::new("25ms"));
+    let sizing = PoolSizing::from_spec(&pool.spec).unwrap();
+    assert_eq!(
+        sizing.lanes[0].rule,
+        Rule::LatencyTarget { p99_seconds: 0.025 }
+    );
+
+    pool.spec.lanes[0].reserve.as_mut().unwrap().target_p99 = None;
+    let error = PoolSizing::from_spec(&pool.spec).unwrap_err().to_string();
+    assert!(error.contains("spec.lanes[0].reserve.targetP99"), "{error}");
 }
