@@ -252,10 +252,14 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         .into_iter()
         .map(|d| (d.name_any(), d))
         .collect();
-    let applied = applied_replicas(pool, &old_status, &existing);
-
     let now = ctx.started.elapsed();
     let memory = ctx.memory(&key);
+    // What this process applied last; the status (possibly a step behind, from the watch
+    // cache) or the Deployments only after a restart.
+    let applied = memory
+        .replicas
+        .clone()
+        .or_else(|| applied_replicas(pool, &old_status, &existing));
     let due = memory.replicas.is_none()
         || memory.generation != pool.metadata.generation
         || memory
@@ -467,6 +471,7 @@ async fn apply(
         });
         if let (Some(found), Some(last)) = (found, last)
             && found != last
+            && found != want
         {
             ctx.event(
                 pool,
