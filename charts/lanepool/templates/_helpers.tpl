@@ -1,0 +1,103 @@
+{{/*
+The chart name, or nameOverride.
+*/}}
+{{- define "lanepool.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the chart's resources: fullnameOverride, else "<release>-<name>", or the
+release name alone when it already contains the chart name. Cut to 52 characters so that
+suffixed names ("-leader-election") stay within 63.
+*/}}
+{{- define "lanepool.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The chart label: name-version.
+*/}}
+{{- define "lanepool.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: stable for the release's life (a Deployment's selector is immutable).
+*/}}
+{{- define "lanepool.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lanepool.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels of every resource.
+*/}}
+{{- define "lanepool.labels" -}}
+helm.sh/chart: {{ include "lanepool.chart" . }}
+{{ include "lanepool.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: lanepool
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's ServiceAccount name.
+*/}}
+{{- define "lanepool.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "lanepool.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator image: repository@digest, or repository:tag (the appVersion by default).
+*/}}
+{{- define "lanepool.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The rules the operator needs in every namespace it watches; shared by the ClusterRole and the
+per-namespace Roles so that both modes grant exactly the same.
+*/}}
+{{- define "lanepool.rules" -}}
+- apiGroups: ["lanepool.dev"]
+  resources: ["lanepools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["lanepool.dev"]
+  resources: ["lanepools/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch"]
+# Only the Secrets a LanePool names in spec.prometheus.bearerTokenSecret/caSecret are read;
+# RBAC cannot narrow "get" to names not known in advance. No list, no watch.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

@@ -1,0 +1,783 @@
+//! The Helm chart in charts/lanepool: it lints, its schema refuses typos, it renders what the
+//! values ask for and nothing else, the operator runs locked down, and — installed into the real
+//! kube-apiserver — the RBAC it creates is enough for the operator to size a pool, and no more.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use lanepool::api::LanePool;
+use lanepool::controller::{self, Context, QueryWindows, Settings};
+use lanepool::metrics::Metrics;
+use lanepool::testenv::{self, SimulatedWorkers, TestPrometheus};
+use serde_json::{Value, json};
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lanepool");
+/// `helm template` assumes Kubernetes 1.20 unless told; the chart requires 1.30 or later.
+const KUBE_VERSION: &str = "1.34.0";
+
+/// Runs the pinned helm with its cache, config and data kept under target/, away from $HOME.
+fn helm(args: &[&str]) -> (bool, String, String) {
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
+    let output = Command::new(testenv::tool("helm").expect("helm is built by tests/setup.sh"))
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("helm runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `helm template` of the chart with `sets` (each passed as --set), as JSON documents.
+fn template(sets: &[&str]) -> Result<Vec<Value>, String> {
+    let mut args = vec![
+        "template",
+        "lanepool",
+        CHART,
+        "--namespace",
+        "lanepool-system",
+        "--kube-version",
+        KUBE_VERSION,
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let (ok, stdout, stderr) = helm(&args);
+    if !ok {
+        return Err(stderr);
+    }
+    let mut documents = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&stdout) {
+        let value: Value = serde::Deserialize::deserialize(document).expect("helm renders YAML");
+        if !value.is_null() {
+            documents.push(value);
+        }
+    }
+    Ok(documents)
+}
+
+fn kinds(documents: &[Value]) -> BTreeSet<String> {
+    documents
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn of_kind<'a>(documents: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    documents.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// The rules the operator needs (README, "RBAC it needs", plus leader election's leases).
+fn operator_rules() -> Value {
+    json!([
+        {"apiGroups": ["lanepool.dev"], "resources": ["lanepools"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["lanepool.dev"], "resources": ["lanepools/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"],
+         "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+        {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ])
+}
+
+#[test]
+fn the_chart_lints_and_carries_the_repositorys_crd() {
+    let (ok, stdout, stderr) = helm(&["lint", "--strict", CHART]);
+    assert!(ok, "helm lint --strict:\n{stdout}\n{stderr}");
+    let (ok, stdout, stderr) = helm(&[
+        "lint",
+        "--strict",
+        CHART,
+        "--set",
+        "watchNamespaces={a,b},serviceMonitor.enabled=true,prometheusRule.enabled=true,podDisruptionBudget.enabled=true",
+    ]);
+    assert!(
+        ok,
+        "helm lint --strict, everything enabled:\n{stdout}\n{stderr}"
+    );
+
+    // The chart ships a copy of the CRD (Helm installs only files inside the chart). When the
+    // CRD changes (`lanepool crd > crds/lanepool.dev_lanepools.yaml`), refresh the copy with:
+    //     cp crds/lanepool.dev_lanepools.yaml charts/lanepool/crds/
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/lanepool.dev_lanepools.yaml"
+    );
+    let copy = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/lanepool/crds/lanepool.dev_lanepools.yaml"
+    );
+    assert!(
+        std::fs::read(root).unwrap() == std::fs::read(copy).unwrap(),
+        "charts/lanepool/crds/ differs from crds/lanepool.dev_lanepools.yaml; refresh it with: \
+         cp crds/lanepool.dev_lanepools.yaml charts/lanepool/crds/"
+    );
+}
+
+#[test]
+fn a_typo_or_a_wrong_value_fails_naming_the_key() {
+    template(&["replicaCount=1"]).expect("replicaCount is a value");
+    for (sets, named) in [
+        (&["replicaCount=1", "nonsense=1"][..], "nonsense"),
+        (&["image.tagg=0.2.0"][..], "tagg"),
+        (&["serviceMonitor.enable=true"][..], "enable"),
+        (&["podSecurityContext.runAsRoot=true"][..], "runAsRoot"),
+        (&["logFormat=xml"][..], "logFormat"),
+        (&["image.pullPolicy=Sometimes"][..], "pullPolicy"),
+        (&["replicaCount=2"][..], "replicaCount"),
+        (&["prometheusUrl=prometheus:9090"][..], "prometheusUrl"),
+        (
+            &["watchNamespaces={Not_A_Namespace}"][..],
+            "watchNamespaces",
+        ),
+    ] {
+        let error = template(sets).expect_err(&format!("{sets:?} must be refused"));
+        assert!(
+            error.contains("schema") && error.contains(named),
+            "{sets:?}: the error names {named}:\n{error}"
+        );
+    }
+}
+
+#[test]
+fn every_object_of_the_values_schema_refuses_unknown_keys() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{CHART}/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    // Every object either lists its keys and refuses others, or is a map whose values are typed
+    // (labels, annotations, resource quantities). `global` is Helm's own, for parent charts.
+    fn walk(path: &str, node: &Value, loose: &mut Vec<String>) {
+        if node["type"] == "object" {
+            match &node["additionalProperties"] {
+                Value::Bool(false) => {}
+                Value::Object(map) if map.contains_key("type") => {}
+                _ if path == "/global" => {}
+                _ => loose.push(path.to_string()),
+            }
+        }
+        if let Some(properties) = node["properties"].as_object() {
+            for (key, child) in properties {
+                walk(&format!("{path}/{key}"), child, loose);
+            }
+        }
+        for key in ["items", "additionalProperties"] {
+            if node[key].is_object() {
+                walk(&format!("{path}/{key}"), &node[key], loose);
+            }
+        }
+    }
+    let mut loose = Vec::new();
+    walk("", &schema, &mut loose);
+    assert!(loose.is_empty(), "objects accepting any key: {loose:?}");
+
+    // Every value in values.yaml is described by the schema (so none is refused by default).
+    let values: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap())
+            .unwrap();
+    fn covered(path: &str, value: &Value, schema: &Value, missing: &mut Vec<String>) {
+        if let Some(map) = value.as_object() {
+            for (key, child) in map {
+                match schema["properties"].get(key) {
+                    Some(s) => covered(&format!("{path}.{key}"), child, s, missing),
+                    None if schema["additionalProperties"].is_object() => {}
+                    None => missing.push(format!("{path}.{key}")),
+                }
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    covered("", &values, &schema, &mut missing);
+    assert!(missing.is_empty(), "values without a schema: {missing:?}");
+
+    // Every key of the chart (not the entries of a map such as resources.requests) has a
+    // comment on the line above it in values.yaml.
+    let text = std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap();
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut previous = "";
+    let mut undocumented = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some((key, _)) = trimmed.split_once(':')
+            && !trimmed.starts_with('#')
+            && !trimmed.starts_with('-')
+            && key.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            stack.retain(|(i, _)| *i < indent);
+            stack.push((indent, key.to_string()));
+            let mut node = &schema;
+            let mut declared = true;
+            for (_, key) in &stack {
+                match node["properties"].get(key) {
+                    Some(child) => node = child,
+                    None => {
+                        declared = false;
+                        break;
+                    }
+                }
+            }
+            if declared && !previous.trim_start().starts_with('#') {
+                let path: Vec<&str> = stack.iter().map(|(_, k)| k.as_str()).collect();
+                undocumented.push(path.join("."));
+            }
+        }
+        if !trimmed.is_empty() {
+            previous = line;
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "values.yaml keys without a comment: {undocumented:?}"
+    );
+}
+
+#[test]
+fn optional_resources_render_only_when_enabled() {
+    let default = template(&[]).unwrap();
+    assert_eq!(
+        kinds(&default),
+        BTreeSet::from(
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "Deployment",
+                "Service",
+            ]
+            .map(String::from)
+        )
+    );
+    let enabled = template(&[
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "podDisruptionBudget.enabled=true",
+    ])
+    .unwrap();
+    for kind in ["ServiceMonitor", "PrometheusRule", "PodDisruptionBudget"] {
+        assert_eq!(of_kind(&enabled, kind).len(), 1, "{kind} rendered once");
+    }
+
+    let monitor = of_kind(&enabled, "ServiceMonitor")[0];
+    let service = of_kind(&enabled, "Service")[0];
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"],
+        service["spec"]["selector"]
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+
+    let rule = of_kind(&enabled, "PrometheusRule")[0];
+    let alerts: BTreeMap<String, String> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["alert"].as_str().unwrap().to_string(),
+                r["expr"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        alerts["LanePoolReconcileErrors"]
+            .contains("rate(lanepool_operator_reconcile_errors_total{"),
+        "{alerts:?}"
+    );
+    assert!(
+        alerts["LanePoolPrometheusQueryFailures"]
+            .contains("rate(lanepool_operator_prometheus_query_failures_total{"),
+        "{alerts:?}"
+    );
+    assert!(
+        alerts["LanePoolOperatorDown"].contains("job=\"lanepool-metrics\""),
+        "the job label is the Service's name: {alerts:?}"
+    );
+
+    let pdb = of_kind(&enabled, "PodDisruptionBudget")[0];
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let pdb = template(&[
+        "podDisruptionBudget.enabled=true",
+        "podDisruptionBudget.minAvailable=50%",
+    ])
+    .unwrap();
+    let pdb = of_kind(&pdb, "PodDisruptionBudget")[0];
+    assert_eq!(pdb["spec"]["minAvailable"], "50%");
+    assert!(pdb["spec"].get("maxUnavailable").is_none());
+}
+
+#[test]
+fn the_operator_runs_lanepool_run_locked_down() {
+    let documents = template(&[
+        "prometheusUrl=http://prometheus.monitoring.svc:9090",
+        "watchNamespaces={team-a,team-b}",
+        "logFormat=json",
+        "logLevel=lanepool=debug",
+    ])
+    .unwrap();
+    let deployment = of_kind(&documents, "Deployment")[0];
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let sa = of_kind(&documents, "ServiceAccount")[0];
+    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    assert_eq!(
+        pod["securityContext"],
+        json!({"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+               "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["securityContext"],
+        json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+               "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}})
+    );
+    assert_eq!(container["image"], "ghcr.io/lanepool/lanepool:0.1.0");
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(
+        container["args"],
+        json!([
+            "run",
+            "--prometheus-url=http://prometheus.monitoring.svc:9090",
+            "--namespaces=team-a,team-b",
+            "--metrics-addr=0.0.0.0:8080",
+            "--log-format=json",
+            "--log-level=lanepool=debug",
+        ])
+    );
+    assert_eq!(
+        container["env"][0],
+        json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    );
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
+    assert!(container["resources"]["requests"]["memory"].is_string());
+
+    // Defaults leave out what is not set: no --prometheus-url, no --namespaces.
+    let documents = template(&["image.tag=0.2.0", "metrics.port=9100"]).unwrap();
+    let container =
+        &of_kind(&documents, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "ghcr.io/lanepool/lanepool:0.2.0");
+    assert_eq!(
+        container["args"],
+        json!([
+            "run",
+            "--metrics-addr=0.0.0.0:9100",
+            "--log-format=text",
+            "--log-level=info"
+        ])
+    );
+    let service = of_kind(&documents, "Service")[0];
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+}
+
+#[test]
+fn rbac_is_exactly_what_the_operator_needs() {
+    // Every namespace: one ClusterRole, bound to the ServiceAccount.
+    let documents = template(&[]).unwrap();
+    let cluster_role = of_kind(&documents, "ClusterRole")[0];
+    assert_eq!(cluster_role["rules"], operator_rules());
+    let binding = of_kind(&documents, "ClusterRoleBinding")[0];
+    assert_eq!(binding["roleRef"]["name"], cluster_role["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "lanepool", "namespace": "lanepool-system"}])
+    );
+    let leases = json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                         "verbs": ["get", "create", "update"]}]);
+    let roles = of_kind(&documents, "Role");
+    assert_eq!(roles.len(), 1, "only leader election's Role");
+    assert_eq!(roles[0]["metadata"]["namespace"], "lanepool-system");
+    assert_eq!(roles[0]["rules"], leases);
+
+    // Some namespaces: a Role and a RoleBinding in each, no cluster-wide grant.
+    let documents = template(&["watchNamespaces={team-a,team-b}"]).unwrap();
+    assert!(of_kind(&documents, "ClusterRole").is_empty());
+    assert!(of_kind(&documents, "ClusterRoleBinding").is_empty());
+    for namespace in ["team-a", "team-b"] {
+        let role = of_kind(&documents, "Role")
+            .into_iter()
+            .find(|r| r["metadata"]["namespace"] == namespace)
+            .unwrap_or_else(|| panic!("a Role in {namespace}"));
+        assert_eq!(role["rules"], operator_rules());
+        let binding = of_kind(&documents, "RoleBinding")
+            .into_iter()
+            .find(|r| r["metadata"]["namespace"] == namespace)
+            .unwrap_or_else(|| panic!("a RoleBinding in {namespace}"));
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0]["namespace"], "lanepool-system");
+    }
+
+    // rbac.create=false: none at all.
+    let documents = template(&["rbac.create=false"]).unwrap();
+    for kind in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
+        assert!(of_kind(&documents, kind).is_empty(), "{kind}");
+    }
+}
+
+// ---- Installed into the real API server ----
+
+/// The two installs run one at a time: a cluster-wide operator would also reconcile the other
+/// test's pool.
+static INSTALLS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A client acting as the chart's ServiceAccount: every request is authorized by its RBAC only.
+async fn impersonating(plane: &testenv::ControlPlane, user: &str) -> Client {
+    let kubeconfig = Kubeconfig::read_from(plane.kubeconfig()).unwrap();
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.to_string());
+    Client::try_from(config).unwrap()
+}
+
+async fn allowed(
+    client: &Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> bool {
+    let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+        "spec": {"resourceAttributes": {
+            "verb": verb, "group": group, "resource": resource, "namespace": namespace,
+        }}
+    }))
+    .unwrap();
+    let review = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("a SelfSubjectAccessReview");
+    review.status.is_some_and(|s| s.allowed)
+}
+
+fn forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) {
+    match result {
+        Err(kube::Error::Api(status)) if status.is_forbidden() => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+/// Polls `check` every 250 ms until it is true, or fails after `seconds`.
+async fn until<F, Fut>(seconds: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(seconds),
+            "{what}: not within {seconds} s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Installs the chart (release `release`, watching `watch` or every namespace), runs the
+/// operator in-process as the chart's ServiceAccount with the flags of the installed
+/// Deployment, and checks that it sizes the example pool in `pools` and can do nothing else.
+async fn install_and_size_a_pool(release: &str, namespaced: bool) {
+    let _one_at_a_time = INSTALLS.lock().await;
+    let plane = testenv::shared().expect("the control plane starts");
+    let admin = plane.client().await.unwrap();
+    let system = plane.namespace(&admin, "lanepool-system").await.unwrap();
+    let pools = plane.namespace(&admin, "pools").await.unwrap();
+    let elsewhere = plane.namespace(&admin, "elsewhere").await.unwrap();
+
+    let workers = SimulatedWorkers::start().unwrap();
+    let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
+    workers.set_lane(&pools, "jobs", "urgent", 30.0, 0.020);
+
+    let kubeconfig = plane.kubeconfig().display().to_string();
+    let prometheus_url = format!("prometheusUrl={}", prometheus.url());
+    let watch = format!("watchNamespaces={{{pools}}}");
+    let mut args = vec![
+        "install",
+        release,
+        CHART,
+        "--namespace",
+        &system,
+        "--kubeconfig",
+        &kubeconfig,
+        // The test environment installed the CRD already; no pod ever runs, so no --wait.
+        "--skip-crds",
+        "--set",
+        &prometheus_url,
+    ];
+    if namespaced {
+        args.extend(["--set", &watch]);
+    }
+    let (ok, stdout, stderr) = helm(&args);
+    assert!(ok, "helm install:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("kubectl apply -n"), "NOTES.txt:\n{stdout}");
+
+    // What the chart installed: one ServiceAccount and the operator's Deployment.
+    let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), &system)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+        .await
+        .unwrap();
+    assert_eq!(accounts.items.len(), 1);
+    let account = accounts.items[0].metadata.name.clone().unwrap();
+    let operator = Api::<Deployment>::namespaced(admin.clone(), &system)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+        .await
+        .unwrap();
+    assert_eq!(operator.items.len(), 1);
+    let pod = operator.items[0]
+        .spec
+        .clone()
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some(account.as_str()));
+    let args = pod.containers[0].args.clone().unwrap();
+    let namespaces: Vec<String> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--namespaces="))
+        .map(|list| list.split(',').map(String::from).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        namespaces,
+        if namespaced {
+            vec![pools.clone()]
+        } else {
+            vec![]
+        }
+    );
+    assert!(args.contains(&format!("--prometheus-url={}", prometheus.url())));
+
+    // The operator, in-process, with nothing but the chart's RBAC.
+    let user = format!("system:serviceaccount:{system}:{account}");
+    let operator_client = impersonating(plane, &user).await;
+    let settings = Settings {
+        default_prometheus_url: Some(prometheus.url()),
+        windows: QueryWindows {
+            arrival_rate: "5s".into(),
+            job_time: "5s".into(),
+        },
+        write_timeout: Duration::from_secs(10),
+    };
+    let ctx = Arc::new(Context::new(
+        operator_client.clone(),
+        Arc::new(Metrics::default()),
+        settings,
+    ));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = futures::FutureExt::shared(Box::pin(async move {
+        let _ = stopped.await;
+    }));
+    let running = tokio::spawn(controller::run(ctx, namespaces, shutdown));
+
+    // The example pool, created by the admin; fast intervals, the test Prometheus.
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/lanepool.yaml"
+    ))
+    .unwrap();
+    let mut manifest: Value = serde_yaml::from_str(&yaml).unwrap();
+    manifest["spec"]["interval"] = json!("5s");
+    manifest["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("prometheus");
+    let pool: LanePool = serde_json::from_value(manifest).unwrap();
+    let lanepools = Api::<LanePool>::namespaced(admin.clone(), &pools);
+    lanepools
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), &pools);
+    let replicas = |name: &'static str| {
+        let deployments = deployments.clone();
+        async move { deployments.get_opt(name).await.ok()??.spec?.replicas }
+    };
+    until(40, "jobs-urgent-reserved and jobs-shared", || async {
+        replicas("jobs-urgent-reserved").await == Some(1)
+            && replicas("jobs-shared").await == Some(9)
+    })
+    .await;
+    until(40, "the LanePool Ready=True", || async {
+        let pool = lanepools.get("jobs").await.unwrap();
+        pool.status.is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    let events = Api::<Event>::namespaced(admin.clone(), &pools);
+    until(20, "a Scaled event (events.k8s.io)", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Scaled"))
+    })
+    .await;
+
+    // Each rule the operator needs is granted where it works...
+    let scope = Some(pools.as_str());
+    for (verb, group, resource) in [
+        ("get", "lanepool.dev", "lanepools"),
+        ("list", "lanepool.dev", "lanepools"),
+        ("watch", "lanepool.dev", "lanepools"),
+        ("patch", "lanepool.dev", "lanepools/status"),
+        ("create", "apps", "deployments"),
+        ("patch", "apps", "deployments"),
+        ("delete", "apps", "deployments"),
+        ("list", "autoscaling", "horizontalpodautoscalers"),
+        ("get", "", "secrets"),
+        ("create", "events.k8s.io", "events"),
+        ("patch", "", "events"),
+    ] {
+        assert!(
+            allowed(&operator_client, verb, group, resource, scope).await,
+            "{verb} {group}/{resource} in {pools} is granted"
+        );
+    }
+    for verb in ["get", "create", "update"] {
+        assert!(
+            allowed(
+                &operator_client,
+                verb,
+                "coordination.k8s.io",
+                "leases",
+                Some(&system)
+            )
+            .await,
+            "{verb} leases in {system} (leader election)"
+        );
+    }
+    // ... and nothing else: the test fails if the chart granted "*".
+    for (verb, group, resource) in [
+        ("list", "", "secrets"),
+        ("watch", "", "secrets"),
+        ("create", "", "secrets"),
+        ("get", "", "pods"),
+        ("create", "lanepool.dev", "lanepools"),
+        ("delete", "lanepool.dev", "lanepools"),
+        ("update", "lanepool.dev", "lanepools"),
+        ("deletecollection", "apps", "deployments"),
+        ("create", "autoscaling", "horizontalpodautoscalers"),
+        ("delete", "", "events"),
+        ("delete", "coordination.k8s.io", "leases"),
+        ("escalate", "rbac.authorization.k8s.io", "roles"),
+    ] {
+        assert!(
+            !allowed(&operator_client, verb, group, resource, scope).await,
+            "{verb} {group}/{resource} in {pools} must be refused"
+        );
+    }
+    forbidden(
+        Api::<Secret>::all(operator_client.clone())
+            .list(&ListParams::default())
+            .await,
+        "listing Secrets cluster-wide",
+    );
+    forbidden(
+        Api::<Secret>::namespaced(operator_client.clone(), &pools)
+            .list(&ListParams::default())
+            .await,
+        "listing Secrets in the watched namespace",
+    );
+    let role: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": format!("{release}-escalated")},
+                                      "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}))
+        .unwrap();
+    forbidden(
+        Api::<ClusterRole>::all(operator_client.clone())
+            .create(&PostParams::default(), &role)
+            .await,
+        "creating a ClusterRole",
+    );
+    // Reading a Secret by name is allowed (a missing one is a 404, not a 403).
+    match Api::<Secret>::namespaced(operator_client.clone(), &pools)
+        .get("absent")
+        .await
+    {
+        Err(kube::Error::Api(status)) if status.is_not_found() => {}
+        other => panic!("get Secret absent: expected 404, got {other:?}"),
+    }
+    let outside = allowed(
+        &operator_client,
+        "list",
+        "lanepool.dev",
+        "lanepools",
+        Some(&elsewhere),
+    )
+    .await;
+    if namespaced {
+        assert!(!outside, "a namespaced install reaches only {pools}");
+        forbidden(
+            Api::<LanePool>::all(operator_client.clone())
+                .list(&ListParams::default())
+                .await,
+            "listing LanePools cluster-wide",
+        );
+        forbidden(
+            Api::<Deployment>::namespaced(operator_client.clone(), &elsewhere)
+                .list(&ListParams::default())
+                .await,
+            "listing Deployments outside the watched namespace",
+        );
+    } else {
+        assert!(outside, "a cluster-wide install reaches every namespace");
+    }
+
+    // Clean up: stop the operator; delete the pool so that no later operator reconciles it.
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the controller stops")
+        .unwrap();
+    lanepools
+        .delete("jobs", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (ok, stdout, stderr) = helm(&[
+        "uninstall",
+        release,
+        "--namespace",
+        &system,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "helm uninstall:\n{stdout}\n{stderr}");
+    drop(prometheus);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_for_one_namespace_its_role_is_enough_and_no_more() {
+    install_and_size_a_pool("lanepool", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_cluster_wide_its_cluster_role_is_enough_and_no_more() {
+    // A release name of its own: ClusterRoles are not namespaced.
+    install_and_size_a_pool("lanepool-cluster-wide", false).await;
+}
