@@ -10,6 +10,7 @@ pub mod sizing;
 pub use error::{Error, Result};
 pub mod controller;
 pub mod crd;
+pub mod leader;
 pub mod metrics;
 pub mod plan;
 pub mod run;

@@ -4,15 +4,15 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tracing::{error, info};
 
 use crate::controller::{Context, QueryWindows, Settings};
-use crate::duration;
 use crate::metrics::Metrics;
 use crate::server::{self, Health};
+use crate::{duration, leader};
 
 /// Flags of `lanepool run`; each can also be set by its environment variable.
 #[derive(clap::Args, Debug)]
@@ -50,9 +50,33 @@ pub struct RunArgs {
     #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = "5m", value_parser = promql_duration)]
     pub job_time_window: String,
 
+    /// Compete for a Lease so only one replica runs the controller.
+    #[arg(long, env = "LANEPOOL_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Namespace of the leader-election Lease (in a pod: its own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_election_namespace: String,
+
+    /// How long a leader holds the Lease without renewing it; at least 2s.
+    #[arg(long, env = "LANEPOOL_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = lease_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// This replica's identity in the Lease (in a pod: its name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
     /// How long one write to the API server may take.
     #[arg(long, env = "LANEPOOL_WRITE_TIMEOUT", default_value = "10s", value_parser = duration_flag)]
     pub write_timeout: Duration,
+}
+
+fn lease_duration(value: &str) -> Result<Duration, String> {
+    match duration::parse(value) {
+        Ok(d) if d >= Duration::from_secs(2) => Ok(d),
+        Ok(_) => Err("must be at least 2s".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn duration_flag(value: &str) -> Result<Duration, String> {
@@ -133,9 +157,69 @@ async fn operate(args: RunArgs) -> ExitCode {
         "lanepool operator starting"
     );
     health.ready.store(true, Ordering::Relaxed);
-    let shutdown = futures::FutureExt::shared(Box::pin(shutdown_signal()));
-    crate::controller::run(ctx, args.namespaces, shutdown).await;
+    let signal = futures::FutureExt::shared(Box::pin(shutdown_signal()));
+
+    if !args.leader_election {
+        crate::controller::run(ctx, args.namespaces, signal).await;
+        endpoint.abort();
+        info!("lanepool operator stopped");
+        return ExitCode::SUCCESS;
+    }
+
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("lanepool-{}", std::process::id()));
+    let mut leadership = match leader::campaign(
+        ctx.client.clone(),
+        &args.leader_election_namespace,
+        &identity,
+        args.leader_election_lease_duration,
+    )
+    .await
+    {
+        Ok(leadership) => leadership,
+        Err(e) => {
+            error!(
+                "leader election in namespace {}: {e}",
+                args.leader_election_namespace
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    info!(%identity, namespace = %args.leader_election_namespace, "waiting for the leader lease");
+    let became_leader = tokio::select! {
+        acquired = leadership.acquired() => acquired,
+        _ = signal.clone() => false,
+    };
+    if !became_leader {
+        leadership.release().await;
+        endpoint.abort();
+        info!("lanepool operator stopped before it became the leader");
+        return ExitCode::SUCCESS;
+    }
+    let lost = Arc::new(AtomicBool::new(false));
+    let lost_lease = {
+        let lost = lost.clone();
+        let gone = leadership.lost();
+        async move {
+            gone.await;
+            lost.store(true, Ordering::Relaxed);
+        }
+    };
+    let stop = futures::FutureExt::shared(Box::pin(async move {
+        tokio::select! {
+            _ = signal => {},
+            _ = lost_lease => {},
+        }
+    }));
+    crate::controller::run(ctx, args.namespaces, stop).await;
     endpoint.abort();
+    if lost.load(Ordering::Relaxed) {
+        error!("lost the leader lease; exiting so that no two replicas write");
+        return ExitCode::FAILURE;
+    }
+    leadership.release().await;
     info!("lanepool operator stopped");
     ExitCode::SUCCESS
 }

@@ -140,7 +140,7 @@ fn a_typo_or_a_wrong_value_fails_naming_the_key() {
         (&["podSecurityContext.runAsRoot=true"][..], "runAsRoot"),
         (&["logFormat=xml"][..], "logFormat"),
         (&["image.pullPolicy=Sometimes"][..], "pullPolicy"),
-        (&["replicaCount=2"][..], "replicaCount"),
+        (&["replicaCount=6"][..], "replicaCount"),
         (&["prometheusUrl=prometheus:9090"][..], "prometheusUrl"),
         (
             &["watchNamespaces={Not_A_Namespace}"][..],
@@ -403,7 +403,7 @@ fn rbac_is_exactly_what_the_operator_needs() {
         json!([{"kind": "ServiceAccount", "name": "lanepool", "namespace": "lanepool-system"}])
     );
     let leases = json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                         "verbs": ["get", "create", "update"]}]);
+                         "verbs": ["get", "create", "update", "patch"]}]);
     let roles = of_kind(&documents, "Role");
     assert_eq!(roles.len(), 1, "only leader election's Role");
     assert_eq!(roles[0]["metadata"]["namespace"], "lanepool-system");
@@ -660,7 +660,7 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
             "{verb} {group}/{resource} in {pools} is granted"
         );
     }
-    for verb in ["get", "create", "update"] {
+    for verb in ["get", "create", "update", "patch"] {
         assert!(
             allowed(
                 &operator_client,

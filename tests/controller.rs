@@ -437,17 +437,10 @@ async fn a_latency_target_reserves_enough_for_the_p99() {
         .await;
     // The formula gives 1 at 30/s × 20 ms; a 25 ms p99 with Poisson arrivals needs 3.
     world
-        .until(40, "3 reserved for p99 ≤ 25 ms", || async {
-            world
-                .condition("MetricsAvailable")
-                .await
-                .is_some_and(|c| c.0 == "True")
+        .until(40, "3 reserved for p99 ≤ 25 ms at 30/s", || async {
+            let decision = world.pool().await.status.and_then(|s| s.last_decision);
+            decision.is_some_and(|d| d.starts_with("urgent 30/s × 20 ms, p99 ≤ 25 ms → 3"))
                 && world.replicas("jobs-urgent-reserved").await == Some(3)
         })
         .await;
-    let decision = world.pool().await.status.unwrap().last_decision.unwrap();
-    assert!(
-        decision.starts_with("urgent 30/s × 20 ms, p99 ≤ 25 ms → 3"),
-        "{decision}"
-    );
 }

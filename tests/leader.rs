@@ -1,0 +1,175 @@
+//! Leader election between two real `lanepool run` processes on the real API server: only the
+//! Lease holder runs the controller, and when it stops the other takes over.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::PostParams;
+use lanepool::api::LanePool;
+use lanepool::testenv;
+
+/// An operator process, stopped when the test ends however it ends.
+struct Operator {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Operator {
+    fn start(identity: &str, namespace: &str, kubeconfig: &std::path::Path) -> Self {
+        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{namespace}-{identity}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_lanepool"))
+            .args(["run", "--identity", identity, "--namespaces", namespace])
+            .args([
+                "--leader-election-namespace",
+                namespace,
+                "--leader-election-lease-duration",
+                "3s",
+            ])
+            .args([
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--prometheus-url",
+                "http://127.0.0.1:9",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn terminate(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let _ = self.child.wait();
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt("lanepool-operator")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+async fn wait_for<F, Fut>(seconds: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(seconds),
+            "{what}: not within {seconds} s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn create_pool(pools: &Api<LanePool>, name: &str) {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/lanepool.yaml"
+    ))
+    .unwrap();
+    let mut pool: LanePool = serde_yaml::from_str(&yaml).unwrap();
+    pool.metadata.name = Some(name.into());
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_reconciles_and_the_standby_takes_over() {
+    let plane = testenv::shared().expect("the control plane starts");
+    let client = plane.client().await.unwrap();
+    let namespace = plane.namespace(&client, "leader").await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let pools: Api<LanePool> = Api::namespaced(client.clone(), &namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+
+    let mut first = Operator::start("first", &namespace, plane.kubeconfig());
+    wait_for(20, "first holds the lease", || async {
+        holder(&leases).await.as_deref() == Some("first")
+    })
+    .await;
+    let second = Operator::start("second", &namespace, plane.kubeconfig());
+
+    create_pool(&pools, "jobs").await;
+    wait_for(20, "the leader creates the Deployments", || async {
+        deployments
+            .get_opt("jobs-shared")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        holder(&leases).await.as_deref(),
+        Some("first"),
+        "the leader renews its lease"
+    );
+    assert!(
+        second.log().contains("waiting for the leader lease"),
+        "{}",
+        second.log()
+    );
+    assert!(
+        !second.log().contains("became the leader"),
+        "two leaders: {}",
+        second.log()
+    );
+
+    // SIGTERM: the leader releases the lease and the standby takes over well before expiry
+    // would have let it.
+    let handover = Instant::now();
+    first.terminate();
+    assert!(
+        first.log().contains("released the leader lease"),
+        "{}",
+        first.log()
+    );
+    wait_for(15, "second holds the lease", || async {
+        holder(&leases).await.as_deref() == Some("second")
+    })
+    .await;
+    eprintln!(
+        "lease handed over in {:.1} s (lease duration 3 s)",
+        handover.elapsed().as_secs_f64()
+    );
+    create_pool(&pools, "later").await;
+    wait_for(20, "the new leader reconciles", || async {
+        deployments
+            .get_opt("later-shared")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    assert!(second.log().contains("became the leader"));
+}
