@@ -9,6 +9,11 @@ use std::time::{Duration, Instant};
 use prometheus_http_query::reqwest;
 use prometheus_http_query::response::Data;
 
+use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
+use kube::ResourceExt;
+use kube::api::Api;
+
+use super::context::Context;
 use crate::api::{LanePool, Reserve};
 use crate::metrics::Metrics;
 use crate::sizing::{Answer, LaneLoad, lane_load};
@@ -190,6 +195,91 @@ fn describe(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+pub(super) async fn measure_pool(
+    pool: &LanePool,
+    ctx: &Context,
+) -> Result<BTreeMap<String, std::result::Result<LaneLoad, String>>> {
+    let queries = pool_queries(pool, &ctx.settings.windows)?;
+    let Some(connection) = connection(pool, ctx).await? else {
+        let reason =
+            "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url";
+        return Ok(queries
+            .iter()
+            .map(|q| (q.lane.clone(), Err(reason.to_string())))
+            .collect());
+    };
+    let client = {
+        let mut clients = ctx.prometheus.lock().unwrap_or_else(|p| p.into_inner());
+        match clients.get(&connection) {
+            Some(client) => client.clone(),
+            None => {
+                let client = client(&connection)?;
+                clients.insert(connection, client.clone());
+                client
+            }
+        }
+    };
+    Ok(measure(&client, &queries, &ctx.metrics).await)
+}
+
+async fn connection(pool: &LanePool, ctx: &Context) -> Result<Option<Connection>> {
+    let source = pool.spec.prometheus.clone().unwrap_or_default();
+    let Some(url) = source
+        .url
+        .or_else(|| ctx.settings.default_prometheus_url.clone())
+    else {
+        return Ok(None);
+    };
+    let timeout = match &source.timeout {
+        Some(t) => t.get().map_err(|e| Error::Duration {
+            field: "spec.prometheus.timeout".into(),
+            source: e,
+        })?,
+        None => Duration::from_secs(5),
+    };
+    let namespace = pool.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let read = |field: &'static str, selector: Option<SecretKeySelector>| {
+        let secrets = secrets.clone();
+        async move {
+            let Some(selector) = selector else {
+                return Ok(None);
+            };
+            let missing = || Error::MissingSecret {
+                field,
+                name: selector.name.clone(),
+                key: selector.key.clone(),
+            };
+            let secret = secrets
+                .get_opt(&selector.name)
+                .await
+                .map_err(|source| Error::Kube {
+                    action: format!("reading Secret {}", selector.name),
+                    source,
+                })?
+                .ok_or_else(missing)?;
+            let value = secret
+                .data
+                .and_then(|mut d| d.remove(&selector.key))
+                .ok_or_else(missing)?;
+            Ok::<_, Error>(Some(value.0))
+        }
+    };
+    let token = read(
+        "spec.prometheus.bearerTokenSecret",
+        source.bearer_token_secret,
+    )
+    .await?;
+    let ca_pem = read("spec.prometheus.caSecret", source.ca_secret).await?;
+    Ok(Some(Connection {
+        url,
+        timeout,
+        bearer_token: token.map(|t| String::from_utf8_lossy(&t).into_owned()),
+        ca_pem,
+        headers: source.headers,
+    }))
 }
 
 #[cfg(test)]

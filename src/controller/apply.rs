@@ -1,0 +1,156 @@
+//! Applying a decision: server-side apply of the pool's Deployments (skipped when nothing would
+//! change), restoring replicas someone else changed, removing Deployments of lanes that lost their
+//! reserve, and spotting an autoscaler that fights the operator over `replicas`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use tracing::info;
+
+use super::context::{Context, MANAGER};
+use super::workers::{Role, TEMPLATE_HASH, deployment_name, worker_deployments};
+use crate::Result;
+use crate::api::{LanePool, LanePoolStatus};
+use crate::sizing::Replicas;
+
+/// What the operator last applied: from the status when it has one, else from the Deployments.
+pub(super) fn applied_replicas(
+    pool: &LanePool,
+    status: &LanePoolStatus,
+    existing: &BTreeMap<String, Deployment>,
+) -> Option<Replicas> {
+    if status.observed_generation.is_some() && !status.lanes.is_empty() {
+        return Some(Replicas {
+            reserved: status
+                .lanes
+                .iter()
+                .map(|l| (l.name.clone(), l.reserve))
+                .collect(),
+            shared: status.shared,
+        });
+    }
+    let name = pool.name_any();
+    let replicas_of = |role: &Role| {
+        existing
+            .get(&deployment_name(&name, role))
+            .and_then(spec_replicas)
+    };
+    let shared = replicas_of(&Role::Shared)?;
+    let reserved = pool
+        .spec
+        .reserve_lanes()
+        .filter_map(|(lane, _)| {
+            let role = Role::Reserved {
+                lane: lane.name.clone(),
+            };
+            replicas_of(&role).map(|r| (lane.name.clone(), r))
+        })
+        .collect();
+    Some(Replicas { reserved, shared })
+}
+
+fn spec_replicas(deployment: &Deployment) -> Option<i32> {
+    deployment.spec.as_ref()?.replicas
+}
+
+pub(super) async fn apply_deployments(
+    pool: &LanePool,
+    ctx: &Context,
+    deployments: &Api<Deployment>,
+    existing: &BTreeMap<String, Deployment>,
+    replicas: &Replicas,
+    applied: Option<&Replicas>,
+) -> Result<()> {
+    let desired = worker_deployments(pool, replicas);
+    // What this operator set last, by Deployment name: a count that differs from both this and
+    // the new decision was set by someone else.
+    let before: BTreeMap<String, i32> = applied
+        .map(|a| worker_deployments(pool, a))
+        .unwrap_or_default()
+        .iter()
+        .map(|d| (d.name_any(), spec_replicas(d).unwrap_or(0)))
+        .collect();
+    let params = PatchParams::apply(MANAGER).force();
+    for deployment in &desired {
+        let name = deployment.name_any();
+        let want = spec_replicas(deployment).unwrap_or(0);
+        let found = existing.get(&name).and_then(spec_replicas);
+        let last = before.get(&name).copied();
+        if let (Some(found), Some(last)) = (found, last)
+            && found != last
+            && found != want
+        {
+            ctx.event(
+                pool,
+                EventType::Normal,
+                "ReplicasRestored",
+                format!("Deployment {name} was scaled to {found} by someone else; lanepool owns its replicas and set {want}"),
+            )
+            .await;
+        }
+        if existing.contains_key(&name)
+            && found == Some(want)
+            && same_template(&existing[&name], deployment)
+        {
+            continue;
+        }
+        ctx.write(
+            format!("applying Deployment {name}"),
+            deployments.patch(&name, &params, &Patch::Apply(deployment)),
+        )
+        .await?;
+        if found != Some(want) {
+            info!(deployment = %name, from = ?found, to = want, "scaled");
+        }
+    }
+    // A lane that lost its reserve, or was renamed, leaves a Deployment behind: remove it.
+    for (name, deployment) in existing {
+        let ours = deployment
+            .owner_references()
+            .iter()
+            .any(|o| o.uid == pool.uid().unwrap_or_default());
+        if ours && !desired.iter().any(|d| d.name_any() == *name) {
+            ctx.write(
+                format!("deleting Deployment {name}"),
+                deployments.delete(name, &DeleteParams::default()),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether a Deployment already carries the template we would apply (by its hash annotation).
+/// Saves a write per Deployment on every event.
+fn same_template(found: &Deployment, desired: &Deployment) -> bool {
+    let hash = |d: &Deployment| d.metadata.annotations.as_ref()?.get(TEMPLATE_HASH).cloned();
+    hash(found).is_some() && hash(found) == hash(desired)
+}
+
+pub(super) async fn autoscaler_conflict(
+    pool: &LanePool,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<Option<String>> {
+    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), namespace);
+    let autoscalers = ctx
+        .write(
+            format!("listing HorizontalPodAutoscalers in {namespace}"),
+            api.list(&ListParams::default()),
+        )
+        .await?;
+    let ours = worker_deployments(pool, &Replicas::default());
+    Ok(autoscalers.items.iter().find_map(|hpa| {
+        let target = &hpa.spec.as_ref()?.scale_target_ref;
+        let name = ours.iter().find(|d| target.kind == "Deployment" && d.name_any() == target.name)?;
+        Some(format!(
+            "HorizontalPodAutoscaler {} targets Deployment {}: lanepool owns its replicas and undoes the autoscaler's changes; delete the autoscaler",
+            hpa.name_any(),
+            name.name_any()
+        ))
+    }))
+}

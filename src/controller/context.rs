@@ -1,0 +1,133 @@
+//! The controller's shared state: the client, event recorder, metrics and settings, and what
+//! each pool's reconciles remember between runs. Every write to the API server goes through
+//! `Context::write`, which bounds it with a timeout and counts its result.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use tracing::warn;
+
+use super::measure::{Connection, QueryWindows};
+use crate::api::LanePool;
+use crate::metrics::Metrics;
+use crate::sizing::{History, Replicas};
+use crate::{Error, Result};
+
+/// The field manager of every write.
+pub const MANAGER: &str = "lanepool";
+
+/// Operator-wide settings, from flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Used when a LanePool names no Prometheus URL.
+    pub default_prometheus_url: Option<String>,
+    pub windows: QueryWindows,
+    /// How long a write to the API server may take.
+    pub write_timeout: Duration,
+}
+
+/// What one pool's reconciles remember between runs.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PoolMemory {
+    pub(super) history: History,
+    pub(super) measured_at: Option<Duration>,
+    pub(super) generation: Option<i64>,
+    pub(super) replicas: Option<Replicas>,
+    pub(super) failures: u32,
+}
+
+/// Shared state of the controller.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub settings: Settings,
+    pub(super) started: Instant,
+    pub(super) pools: Mutex<HashMap<ObjectRef<LanePool>, PoolMemory>>,
+    pub(super) prometheus: Mutex<HashMap<Connection, prometheus_http_query::Client>>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Self {
+        let reporter = Reporter {
+            controller: "lanepool".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            started: Instant::now(),
+            pools: Mutex::default(),
+            prometheus: Mutex::default(),
+        }
+    }
+
+    pub(super) fn memory(&self, key: &ObjectRef<LanePool>) -> PoolMemory {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub(super) fn remember(&self, key: ObjectRef<LanePool>, update: impl FnOnce(&mut PoolMemory)) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        update(pools.entry(key).or_default());
+    }
+
+    /// Runs a write with the timeout and counts its result.
+    pub(super) async fn write<T>(
+        &self,
+        action: impl Into<String>,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T> {
+        let action = action.into();
+        match tokio::time::timeout(self.settings.write_timeout, request).await {
+            Ok(Ok(value)) => {
+                self.metrics.wrote("success");
+                Ok(value)
+            }
+            Ok(Err(source)) => {
+                self.metrics.wrote("failure");
+                Err(Error::Kube { action, source })
+            }
+            Err(_) => {
+                self.metrics.wrote("timeout");
+                Err(Error::Timeout {
+                    action,
+                    seconds: self.settings.write_timeout.as_secs(),
+                })
+            }
+        }
+    }
+
+    pub(super) async fn event(
+        &self,
+        pool: &LanePool,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        // The recorder merges events with the same reason and action into one series and keeps
+        // the first note; so the action carries the note, and only identical events merge.
+        let action: String = note.chars().take(128).collect();
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action,
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &pool.object_ref(&())).await {
+            warn!(%error, "could not publish an event");
+        }
+    }
+}

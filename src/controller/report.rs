@@ -1,0 +1,111 @@
+//! Reporting a decision on the LanePool: events in the guide's words, the operator's metrics,
+//! and the status with its conditions, written only when it changed.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tracing::{info, warn};
+
+use super::context::{Context, MANAGER};
+use super::status::{self, Observed};
+use crate::api::{LanePool, LanePoolStatus};
+use crate::sizing::{Decision, Replicas};
+use crate::{Error, Result};
+
+pub(super) async fn report_decision(
+    pool: &LanePool,
+    ctx: &Context,
+    old: &LanePoolStatus,
+    decision: &Decision,
+    applied: Option<&Replicas>,
+    hpa: Option<String>,
+) -> Result<()> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    for lane in &decision.lanes {
+        let from = applied.and_then(|a| a.reserved.get(&lane.name).copied());
+        if from != Some(lane.reserve) {
+            let note = status::scale_note(lane, from);
+            info!(pool = %name, "{note}");
+            ctx.event(pool, EventType::Normal, "Scaled", note).await;
+        }
+    }
+    let was_available = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == status::METRICS_AVAILABLE)
+        .map(|c| (c.status.clone(), c.message.clone()));
+    if !decision.unavailable.is_empty() {
+        let message = decision.unavailable.join("; ");
+        if was_available != Some(("False".into(), message.clone())) {
+            ctx.event(
+                pool,
+                EventType::Warning,
+                "MetricsUnavailable",
+                format!("{message}; {}", decision.summary()),
+            )
+            .await;
+        }
+    }
+    ctx.metrics.decided(&namespace, &name, decision);
+    let mut new = status::decision_status(decision, pool.metadata.generation);
+    new.conditions = status::merge_conditions(
+        &old.conditions,
+        &status::decision_conditions(decision, hpa),
+        pool.metadata.generation,
+        Timestamp::now(),
+    );
+    write_status(pool, ctx, old, new).await
+}
+
+pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error) {
+    let old = pool.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    new.conditions = status::merge_conditions(
+        &old.conditions,
+        &[Observed::new(
+            status::READY,
+            false,
+            error.reason(),
+            error.to_string(),
+        )],
+        pool.metadata.generation,
+        Timestamp::now(),
+    );
+    if new != old {
+        ctx.event(pool, EventType::Warning, error.reason(), error.to_string())
+            .await;
+    }
+    if let Err(write_error) = write_status(pool, ctx, &old, new).await {
+        warn!(%write_error, "could not write the failure to the LanePool's status");
+    }
+}
+
+pub(super) async fn write_status(
+    pool: &LanePool,
+    ctx: &Context,
+    old: &LanePoolStatus,
+    new: LanePoolStatus,
+) -> Result<()> {
+    if *old == new {
+        return Ok(());
+    }
+    let api: Api<LanePool> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": LanePool::api_version(&()),
+        "kind": LanePool::kind(&()),
+        "status": new,
+    });
+    ctx.write(
+        format!("writing the status of {}", pool.name_any()),
+        api.patch_status(
+            &pool.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        ),
+    )
+    .await?;
+    Ok(())
+}
