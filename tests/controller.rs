@@ -444,3 +444,69 @@ async fn a_latency_target_reserves_enough_for_the_p99() {
         })
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_change_reaches_both_deployments() {
+    let world = World::start("template").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(30, "both Deployments", || async {
+            world.replicas("jobs-shared").await.is_some()
+                && world.replicas("jobs-urgent-reserved").await.is_some()
+        })
+        .await;
+    let pools: Api<LanePool> = Api::namespaced(world.client.clone(), &world.namespace);
+    let patch = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "worker", "image": "ghcr.io/lanepool/lane-worker:0.2.0"}
+    ]}}}});
+    pools
+        .patch("jobs", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    world
+        .until(20, "the new image on both Deployments", || async {
+            let mut images = Vec::new();
+            for name in ["jobs-urgent-reserved", "jobs-shared"] {
+                let d = world.deployments().get(name).await.unwrap();
+                let spec = d.spec.unwrap().template.spec.unwrap();
+                images.push(spec.containers[0].image.clone().unwrap_or_default());
+            }
+            images.iter().all(|i| i.ends_with(":0.2.0"))
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoscaler_on_a_lanepool_deployment_is_reported() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    let world = World::start("hpa").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "metadata": {"name": "fights-lanepool"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "jobs-shared"},
+            "minReplicas": 2, "maxReplicas": 20,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                "target": {"type": "Utilization", "averageUtilization": 80}}}]
+        }
+    }))
+    .unwrap();
+    Api::<HorizontalPodAutoscaler>::namespaced(world.client.clone(), &world.namespace)
+        .create(&PostParams::default(), &hpa)
+        .await
+        .unwrap();
+    world
+        .until(30, "ScalingLimited=True naming the autoscaler", || async {
+            world
+                .condition("ScalingLimited")
+                .await
+                .is_some_and(|(status, reason, message)| {
+                    status == "True"
+                        && reason == "HorizontalPodAutoscaler"
+                        && message.contains("fights-lanepool")
+                })
+        })
+        .await;
+}
