@@ -213,15 +213,17 @@ pub struct JobTimeQuery {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SharedWorkers {
-    /// A fixed number of shared workers; reserved workers are added on top.
+    /// A fixed number of shared workers; reserved workers are added on top. At least 1: shared
+    /// workers are the only ones that take the lanes without a reserve.
     /// Set this or spec.totalWorkers, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 10000))]
+    #[schemars(range(min = 1, max = 10000))]
     pub replicas: Option<i32>,
 
-    /// With spec.totalWorkers: the fewest shared workers, so batch work never stops. Default 1.
+    /// With spec.totalWorkers: the fewest shared workers, so batch work never stops. Default 1,
+    /// at least 1.
     #[serde(default = "default_shared_min")]
-    #[schemars(range(min = 0, max = 10000))]
+    #[schemars(range(min = 1, max = 10000))]
     pub min_replicas: i32,
 }
 

@@ -206,6 +206,14 @@ impl PoolSizing {
             return Err(Error::invalid("spec.lanes", "no lane has a reserve"));
         }
         let shared_min = spec.shared.as_ref().map_or(1, |s| s.min_replicas);
+        if shared_min < 1 {
+            return Err(Error::invalid(
+                "spec.shared.minReplicas",
+                format!(
+                    "{shared_min} must be at least 1: shared workers are the only ones that take lanes without a reserve"
+                ),
+            ));
+        }
         let size = match (
             spec.total_workers,
             spec.shared.as_ref().and_then(|s| s.replicas),
@@ -222,7 +230,7 @@ impl PoolSizing {
                 }
                 PoolSize::Budget { total, shared_min }
             }
-            (None, Some(replicas)) if replicas >= 0 => PoolSize::Shared { replicas },
+            (None, Some(replicas)) if replicas >= 1 => PoolSize::Shared { replicas },
             _ => {
                 return Err(Error::invalid(
                     "spec.totalWorkers",

@@ -259,6 +259,19 @@ async fn bad_manifests_are_refused_with_the_field_named() {
             &["spec.lanes[0].reserve.sizing", "Unsupported value"],
         ),
         (
+            "no-shared-workers",
+            Box::new(|s| {
+                s.as_object_mut().unwrap().remove("totalWorkers");
+                s["shared"] = json!({"replicas": 0});
+            }),
+            &["spec.shared.replicas"],
+        ),
+        (
+            "shared-minimum-zero",
+            Box::new(|s| s["shared"]["minReplicas"] = json!(0)),
+            &["spec.shared.minReplicas"],
+        ),
+        (
             "malformed-interval",
             Box::new(|s| s["interval"] = json!("30")),
             &["spec.interval"],
