@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The lanepool demo: a real kube-apiserver and Prometheus on this machine, the operator, and a
-# load generator whose urgent lane goes 30/s → 150/s → 30/s. Watch the reserve follow it:
-# up at once when the spike arrives, down only after the scale-down window. About 3 minutes.
+# The lanepool demo, end to end on this machine: a real kube-apiserver and Prometheus, the
+# operator, a lane queue whose producers send urgent jobs at 30/s → 150/s → 30/s and a batch
+# backlog, and real lane workers that a local stand-in for the kubelet starts and stops as the
+# operator resizes the Deployments. Watch the reserve follow the urgent arrival rate while urgent
+# waits stay near zero and batch jobs keep completing. About 3 minutes.
 #   ./examples/demo.sh            # the default profile
 #   URGENT_PROFILE=0s=30,30s=90,60s=150,100s=30 DURATION=150 ./examples/demo.sh
 set -euo pipefail
@@ -10,31 +12,34 @@ cd "$(dirname "$0")/.."
 profile=${URGENT_PROFILE:-0s=30,40s=150,80s=30}
 duration=${DURATION:-140}
 dir=target/demo
-port=${LOADGEN_PORT:-9464}
+port=${QUEUE_PORT:-9464}
 metrics_port=${OPERATOR_METRICS_PORT:-8089}
+queue_url="http://127.0.0.1:$port"
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "setting up (the first run builds Kubernetes and Prometheus tools: several minutes)"
 ./tests/setup.sh
-cargo build -q --release --features testenv --bin lanepool --bin lanepool-testenv --example loadgen
+cargo build -q --release --features testenv --bin lanepool --bin lanepool-testenv \
+  --example lane_queue --example lane_worker --example local_kubelet
 bin=target/release
 kubectl=target/tools/kubectl
 
-pids=()
+# Stopped in this order on exit, Ctrl-C included: the kubelet first (its workers finish their
+# jobs and report them), then the operator and the queue, then the control plane.
+kubelet_pid="" operator_pid="" queue_pid=""
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  trap - EXIT INT TERM
+  for pid in $kubelet_pid $operator_pid $queue_pid; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   "$bin/lanepool-testenv" down --dir "$dir" >/dev/null 2>&1 || true
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
-say "starting the load generator: urgent lane $profile, batch lane 40/s"
-"$bin/examples/loadgen" --listen "127.0.0.1:$port" --namespace demo --pool jobs \
-  --urgent-profile "$profile" >"target/demo-loadgen.log" 2>&1 &
-pids+=($!)
-
-say "starting etcd, kube-apiserver (with the LanePool CRD) and Prometheus"
+say "starting etcd, kube-apiserver (with the LanePool CRD) and Prometheus (scraping $queue_url)"
 "$bin/lanepool-testenv" down --dir "$dir" >/dev/null 2>&1 || true
 eval "$("$bin/lanepool-testenv" up --dir "$dir" --scrape "127.0.0.1:$port")"
 echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL"
@@ -42,20 +47,81 @@ echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL"
 say "starting the operator (logs: $dir/operator.log)"
 "$bin/lanepool" run --prometheus-url "$PROMETHEUS_URL" --metrics-addr "127.0.0.1:$metrics_port" \
   --rate-window 10s --job-time-window 10s >"$dir/operator.log" 2>&1 &
-pids+=($!)
+operator_pid=$!
 
 say "kubectl apply -f examples/demo/lanepool.yaml"
 "$kubectl" create namespace demo >/dev/null
 "$kubectl" apply -f examples/demo/lanepool.yaml
+for _ in $(seq 120); do
+  "$kubectl" -n demo get deployment jobs-shared >/dev/null 2>&1 && break
+  sleep 0.5
+done
+"$kubectl" -n demo get deployments
 
-say "watching for $duration s (the load generator changes the urgent rate at: $profile)"
-printf '%6s  %-10s  %8s  %6s  %s\n' "time" "urgent" "reserved" "shared" "last decision"
+# The queue starts after the Deployments exist, so its profile's clock and the timeline's agree.
+say "starting the lane queue on $queue_url: urgent $profile at 20 ms; batch 2000 queued + 40/s at 100-300 ms"
+"$bin/examples/lane_queue" --listen "127.0.0.1:$port" --namespace demo --pool jobs \
+  --urgent-profile "$profile" >"$dir/queue.log" 2>&1 &
+queue_pid=$!
 start=$SECONDS
-while (( SECONDS - start < duration )); do
-  sleep 5
-  row=$("$kubectl" -n demo get lp jobs -o jsonpath='{.status.lanes[0].arrivalRate}|{.status.reserved}|{.status.shared}|{.status.lastDecision}' 2>/dev/null || true)
-  IFS='|' read -r rate reserved shared decision <<<"$row"
-  printf '%5ss  %-10s  %8s  %6s  %s\n' "$((SECONDS - start))" "${rate:--}" "${reserved:--}" "${shared:--}" "${decision:-}"
+start_epoch=$(date +%s)
+
+say "starting the local kubelet: one lane_worker process per replica (logs: $dir/workers/)"
+"$bin/examples/local_kubelet" --namespace demo --queue-url "$queue_url" \
+  --worker "$bin/examples/lane_worker" --log-dir "$dir/workers" >"$dir/kubelet.log" 2>&1 &
+kubelet_pid=$!
+
+# One number from Prometheus: the first sample of an instant query, "-" when there is none.
+promql() {
+  local value
+  value=$(curl -s --max-time 2 --data-urlencode "query=$1" ${2:+--data-urlencode "time=$2"} \
+    "$PROMETHEUS_URL/api/v1/query" | sed -n 's/.*"value":\[[^,]*,"\([^"]*\)"\].*/\1/p')
+  case "$value" in "" | NaN | +Inf | -Inf) echo "-" ;; *) printf '%.1f' "$value" ;; esac
+}
+# Workers running per role, from the Deployments' status (the local kubelet writes it).
+running() {
+  "$kubectl" -n demo get deployments -l lanepool.dev/pool=jobs \
+    -o jsonpath='{range .items[*]}{.metadata.labels.lanepool\.dev/role} {.status.readyReplicas}{"\n"}{end}' 2>/dev/null |
+    awk -v role="$1" '$1 == role { n += $2 } END { print n + 0 }'
+}
+wait_p99='histogram_quantile(0.99, sum by (le) (rate(lanepool_job_wait_seconds_bucket{lane="urgent"}[10s]))) * 1000'
+
+say "watching for $duration s (the urgent rate changes at: $profile)"
+printf '%6s  %9s  %8s  %6s  %15s  %12s  %11s\n' \
+  "time" "urgent/s" "reserved" "shared" "urgent wait p99" "urgent queue" "batch done/s"
+for (( tick = 5; tick <= duration; tick += 5 )); do
+  while (( SECONDS - start < tick )); do sleep 0.2; done
+  printf '%5ss  %9s  %8s  %6s  %12s ms  %12s  %11s\n' "$((SECONDS - start))" \
+    "$(promql 'sum(rate(lanepool_jobs_submitted_total{lane="urgent"}[10s]))')" \
+    "$(running reserved)" "$(running shared)" "$(promql "$wait_p99")" \
+    "$(promql 'sum(lanepool_queue_depth{lane="urgent"})' | sed 's/\.0$//')" \
+    "$(promql 'sum(rate(lanepool_jobs_completed_total{lane="batch"}[10s]))')"
+done
+
+say "each phase of the profile, from Prometheus"
+printf '%-12s  %9s  %16s  %16s  %12s\n' "phase" "urgent/s" "urgent wait p50" "urgent wait p99" "batch done/s"
+IFS=',' read -ra steps <<<"$profile"
+for i in "${!steps[@]}"; do
+  from=${steps[i]%%=*} from=${from%s}
+  next=${steps[i + 1]:-${duration}s=}
+  to=${next%%=*} to=${to%s}
+  [[ $from =~ ^[0-9]+$ && $to =~ ^[0-9]+$ ]] || { echo "(phases need times in whole seconds)"; break; }
+  (( to > duration )) && to=$duration
+  (( from < to )) || continue
+  at=$((start_epoch + to)) window="$((to - from))s"
+  quantile() {
+    promql "histogram_quantile($1, sum by (le) (increase(lanepool_job_wait_seconds_bucket{lane=\"urgent\"}[$window]))) * 1000" "$at"
+  }
+  printf '%-12s  %9s  %13s ms  %13s ms  %12s\n' "${from}s-${to}s" \
+    "$(promql "sum(increase(lanepool_jobs_submitted_total{lane=\"urgent\"}[$window])) / $((to - from))" "$at")" \
+    "$(quantile 0.5)" "$(quantile 0.99)" \
+    "$(promql "sum(increase(lanepool_jobs_completed_total{lane=\"batch\"}[$window])) / $((to - from))" "$at")"
+done
+
+say "what the workers ran (from their logs)"
+for log in "$dir"/workers/*.log; do
+  printf '%-24s %6s urgent jobs  %6s batch jobs\n' "$(basename "$log" .log)" \
+    "$(grep -c ': urgent job ' "$log" || true)" "$(grep -c ': batch job ' "$log" || true)"
 done
 
 say "kubectl get lanepools,deployments -n demo"

@@ -1,0 +1,365 @@
+//! The example lane worker (`examples/lane_worker.rs`) against the example queue
+//! (`examples/lane_queue`), both as real processes: a shared worker takes urgent jobs before
+//! batch ones, a reserved worker never takes batch, SIGTERM lets a job finish, a killed worker's
+//! job goes back to its lane, and a bad environment is refused naming the variable.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The examples' binaries, built once per test run in this test's profile and features (a plain
+/// `cargo test` has built them already, and then this is a no-op).
+fn example(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("tests run from <target>/<profile>/deps")
+            .to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .args([
+                "build",
+                "--quiet",
+                "--example",
+                "lane_queue",
+                "--example",
+                "lane_worker",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        // Without the variables cargo set for this test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some
+        // build scripts rerun when they change, and the outer build would then be redone.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_") && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
+                build.env_remove(&*name);
+            }
+        }
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        if cfg!(feature = "testenv") {
+            // The same features as this test, so the library is not built a second time.
+            build.arg("--all-features");
+        }
+        let status = build
+            .status()
+            .expect("running cargo build for the examples");
+        assert!(
+            status.success(),
+            "cargo build --example lane_queue --example lane_worker failed"
+        );
+        profile_dir.join("examples")
+    });
+    dir.join(name)
+}
+
+/// A process killed when the test ends, with its stdout collected line by line.
+struct Running {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    fn start(mut command: Command) -> Self {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting an example");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let collected = lines.clone();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                collected.lock().unwrap().push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits until some line satisfies `found`, and returns it.
+    fn wait_for_line(&self, what: &str, found: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|l| found(l)) {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} in 10 s; output: {:?}",
+                self.lines()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for a child") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "still running after {within:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A lane queue on a free port with no producers but the given batch backlog.
+fn queue(batch_backlog: u32, batch_ms: &str, long_poll: &str) -> (Running, SocketAddr) {
+    let mut command = Command::new(example("lane_queue"));
+    command.args([
+        "--listen=127.0.0.1:0",
+        "--urgent-profile=0s=0",
+        &format!("--batch-backlog={batch_backlog}"),
+        "--batch-rate=0",
+        &format!("--batch-ms={batch_ms}"),
+        &format!("--long-poll={long_poll}"),
+    ]);
+    let queue = Running::start(command);
+    let line = queue.wait_for_line("listening line", |l| l.contains("listening on http://"));
+    let addr = line
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("the queue's address");
+    (queue, addr)
+}
+
+fn worker(addr: SocketAddr, role: &str, lanes: &str, name: &str) -> Running {
+    let mut command = Command::new(example("lane_worker"));
+    command
+        .env_clear()
+        .env("LANEPOOL_LANES", lanes)
+        .env("LANEPOOL_ROLE", role)
+        .env("LANEPOOL_POOL", "jobs")
+        .env("LANEPOOL_QUEUE_URL", format!("http://{addr}"))
+        .env("HOSTNAME", name);
+    Running::start(command)
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connecting to the queue");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// A series' value from the queue's /metrics, such as ("lanepool_jobs_completed_total", "batch").
+fn metric(addr: SocketAddr, name: &str, lane: &str) -> f64 {
+    let (_, body) = http(addr, "GET", "/metrics");
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("lane=\"{lane}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} for lane {lane} in:\n{body}"))
+}
+
+fn wait_for_metric(addr: SocketAddr, name: &str, lane: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(addr, name, lane) != value {
+        assert!(
+            Instant::now() < deadline,
+            "{name}{{lane={lane}}} never reached {value}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The lanes of the jobs a worker reported, in the order it ran them.
+fn lanes_run(worker: &Running) -> Vec<String> {
+    worker
+        .lines()
+        .iter()
+        .filter(|l| l.contains(" done in "))
+        .filter_map(|l| {
+            l.split_once(": ")?
+                .1
+                .split_once(" job ")
+                .map(|(lane, _)| lane.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_shared_worker_takes_urgent_before_batch_and_the_reserved_worker_never_takes_batch() {
+    let (_queue, addr) = queue(6, "50..50", "200ms");
+    for _ in 0..30 {
+        assert_eq!(http(addr, "POST", "/submit?lane=urgent&job_ms=20").0, 200);
+    }
+    // The shared worker starts first, so it surely meets urgent jobs; then the reserved one.
+    let mut shared = worker(addr, "shared", "urgent,batch", "jobs-shared-1");
+    shared.wait_for_line("first urgent job", |l| l.contains(": urgent job "));
+    let mut reserved = worker(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+
+    wait_for_metric(addr, "lanepool_jobs_completed_total", "urgent", 30.0);
+    wait_for_metric(addr, "lanepool_jobs_completed_total", "batch", 6.0);
+    std::thread::sleep(Duration::from_millis(300)); // a batch job taken by mistake would show now
+
+    let by_shared = lanes_run(&shared);
+    let first_batch = by_shared
+        .iter()
+        .position(|l| l == "batch")
+        .expect("shared ran batch");
+    assert!(
+        first_batch > 0,
+        "the shared worker ran batch first: {by_shared:?}"
+    );
+    assert!(
+        by_shared[first_batch..].iter().all(|l| l == "batch"),
+        "the shared worker ran an urgent job after a batch one while urgent jobs waited: {by_shared:?}"
+    );
+    assert_eq!(by_shared.iter().filter(|l| *l == "batch").count(), 6);
+    let by_reserved = lanes_run(&reserved);
+    assert!(!by_reserved.is_empty(), "the reserved worker ran nothing");
+    assert!(
+        by_reserved.iter().all(|l| l == "urgent"),
+        "reserved ran batch: {by_reserved:?}"
+    );
+    assert_eq!(
+        by_shared.len() + by_reserved.len(),
+        36,
+        "a job ran twice or never"
+    );
+
+    for worker in [&mut shared, &mut reserved] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(3)).success());
+    }
+}
+
+#[test]
+fn on_sigterm_a_worker_finishes_its_job_reports_it_and_exits() {
+    let (_queue, addr) = queue(1, "1500..1500", "1s");
+    let mut shared = worker(addr, "shared", "urgent,batch", "jobs-shared-1");
+    wait_for_metric(addr, "lanepool_job_wait_seconds_count", "batch", 1.0); // taken
+    std::thread::sleep(Duration::from_millis(200));
+    let terminated = Instant::now();
+    shared.signal("TERM");
+    let status = shared.wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}");
+    assert!(
+        terminated.elapsed() >= Duration::from_millis(800),
+        "exited {:?} after SIGTERM, before its 1.5 s job could end",
+        terminated.elapsed()
+    );
+    assert_eq!(metric(addr, "lanepool_jobs_completed_total", "batch"), 1.0);
+    assert!(
+        shared
+            .lines()
+            .iter()
+            .any(|l| l.contains(": batch job 1 done"))
+    );
+}
+
+#[test]
+fn a_worker_waiting_for_a_job_exits_at_once_on_sigterm() {
+    let (_queue, addr) = queue(0, "100..100", "5s");
+    let mut reserved = worker(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+    reserved.wait_for_line("start line", |l| l.contains("reserved worker of pool jobs"));
+    std::thread::sleep(Duration::from_millis(300)); // inside its 5 s long poll
+    let terminated = Instant::now();
+    reserved.signal("TERM");
+    assert!(reserved.wait_exit(Duration::from_secs(2)).success());
+    assert!(terminated.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn the_job_of_a_killed_worker_goes_back_to_its_lane() {
+    let (_queue, addr) = queue(1, "1000..1000", "1s");
+    let mut first = worker(addr, "shared", "urgent,batch", "jobs-shared-1");
+    wait_for_metric(addr, "lanepool_job_wait_seconds_count", "batch", 1.0);
+    first.signal("KILL");
+    first.wait_exit(Duration::from_secs(2));
+    wait_for_metric(addr, "lanepool_queue_depth", "batch", 1.0); // back in its lane
+    let second = worker(addr, "shared", "urgent,batch", "jobs-shared-2");
+    second.wait_for_line("the job run again", |l| l.contains(": batch job 1 done"));
+    wait_for_metric(addr, "lanepool_jobs_completed_total", "batch", 1.0);
+}
+
+#[test]
+fn a_missing_or_malformed_variable_is_refused_by_name() {
+    let good = [
+        ("LANEPOOL_LANES", "urgent,batch"),
+        ("LANEPOOL_ROLE", "shared"),
+        ("LANEPOOL_POOL", "jobs"),
+        ("LANEPOOL_QUEUE_URL", "http://127.0.0.1:9"),
+    ];
+    let cases: [(&str, Option<&str>); 7] = [
+        ("LANEPOOL_LANES", None),
+        ("LANEPOOL_LANES", Some("urgent,,batch")),
+        ("LANEPOOL_LANES", Some("Urgent")),
+        ("LANEPOOL_ROLE", Some("dedicated")),
+        ("LANEPOOL_POOL", None),
+        ("LANEPOOL_QUEUE_URL", None),
+        ("LANEPOOL_QUEUE_URL", Some("127.0.0.1:9464")),
+    ];
+    for (name, value) in cases {
+        let mut command = Command::new(example("lane_worker"));
+        command.env_clear();
+        for (var, good_value) in good {
+            if var != name {
+                command.env(var, good_value);
+            }
+        }
+        if let Some(value) = value {
+            command.env(name, value);
+        }
+        let output = command.output().expect("running lane_worker");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{name}={value:?}: {stderr}");
+        assert!(
+            stderr.contains(name),
+            "{name}={value:?} not named: {stderr}"
+        );
+    }
+    // A reserved worker takes exactly its lane.
+    let output = Command::new(example("lane_worker"))
+        .env_clear()
+        .envs(good)
+        .env("LANEPOOL_ROLE", "reserved")
+        .output()
+        .expect("running lane_worker");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("LANEPOOL_ROLE=reserved"));
+}
