@@ -53,13 +53,7 @@ pub struct SimulatedWorkers {
 impl SimulatedWorkers {
     /// Starts serving on a free port; the server thread lives as long as the process.
     pub fn start() -> Result<Self> {
-        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)))
-    }
-
-    /// Starts serving on `addr`.
-    pub fn start_on(addr: SocketAddr) -> Result<Self> {
-        let listener =
-            TcpListener::bind(addr).map_err(io(format!("binding the metrics port {addr}")))?;
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding the metrics port"))?;
         let addr = listener
             .local_addr()
             .map_err(io("reading the metrics port"))?;
