@@ -43,7 +43,8 @@ pub(super) async fn report_decision(
                 pool,
                 EventType::Warning,
                 "MetricsUnavailable",
-                format!("{message}; {}", decision.summary()),
+                // Each unmeasured lane's explanation already carries its reason.
+                decision.summary(),
             )
             .await;
         }
