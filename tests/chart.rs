@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,9 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use lanepool::api::LanePool;
-use lanepool::controller::{self, Context, QueryWindows, Settings};
-use lanepool::metrics::Metrics;
-use lanepool::testenv::{self, SimulatedWorkers, TestPrometheus};
+use lanepool::testenv::{self, InProcessOperator, SimulatedWorkers, TestPrometheus};
 use serde_json::{Value, json};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lanepool");
@@ -571,24 +568,7 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     // The operator, in-process, with nothing but the chart's RBAC.
     let user = format!("system:serviceaccount:{system}:{account}");
     let operator_client = impersonating(plane, &user).await;
-    let settings = Settings {
-        default_prometheus_url: Some(prometheus.url()),
-        windows: QueryWindows {
-            arrival_rate: "5s".into(),
-            job_time: "5s".into(),
-        },
-        write_timeout: Duration::from_secs(10),
-    };
-    let ctx = Arc::new(Context::new(
-        operator_client.clone(),
-        Arc::new(Metrics::default()),
-        settings,
-    ));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let shutdown = futures::FutureExt::shared(Box::pin(async move {
-        let _ = stopped.await;
-    }));
-    let running = tokio::spawn(controller::run(ctx, namespaces, shutdown));
+    let operator = InProcessOperator::start(operator_client.clone(), namespaces, prometheus.url());
 
     // The example pool, created by the admin; fast intervals, the test Prometheus.
     let yaml = std::fs::read_to_string(concat!(
@@ -750,11 +730,10 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     }
 
     // Clean up: stop the operator; delete the pool so that no later operator reconciles it.
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("the controller stops")
-        .unwrap();
+    assert!(
+        operator.stop(Duration::from_secs(10)).await,
+        "the controller stops"
+    );
     lanepools
         .delete("jobs", &DeleteParams::default())
         .await

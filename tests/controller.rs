@@ -3,7 +3,6 @@
 //! arrival rate, and failures (Prometheus down, bad PromQL, hand-scaling, missing Secrets) are
 //! handled the way the README promises.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -11,9 +10,7 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
-use lanepool::controller::{self, Context, QueryWindows, Settings};
-use lanepool::metrics::Metrics;
-use lanepool::testenv::{self, SimulatedWorkers, TestPrometheus};
+use lanepool::testenv::{self, InProcessOperator, SimulatedWorkers, TestPrometheus};
 use serde_json::json;
 
 /// One test's world: its namespace, simulated workers, Prometheus and a running controller.
@@ -22,7 +19,8 @@ struct World {
     namespace: String,
     workers: SimulatedWorkers,
     prometheus: TestPrometheus,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Stopped when the world is dropped.
+    _operator: InProcessOperator,
 }
 
 impl World {
@@ -35,30 +33,14 @@ impl World {
         };
         let workers = SimulatedWorkers::start().unwrap();
         let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
-        let settings = Settings {
-            default_prometheus_url: Some(prometheus.url()),
-            windows: QueryWindows {
-                arrival_rate: "5s".into(),
-                job_time: "5s".into(),
-            },
-            write_timeout: Duration::from_secs(10),
-        };
-        let ctx = Arc::new(Context::new(
-            client.clone(),
-            Arc::new(Metrics::default()),
-            settings,
-        ));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = futures::FutureExt::shared(Box::pin(async move {
-            let _ = stopped.await;
-        }));
-        tokio::spawn(controller::run(ctx, vec![namespace.clone()], shutdown));
+        let operator =
+            InProcessOperator::start(client.clone(), vec![namespace.clone()], prometheus.url());
         Self {
             client,
             namespace,
             workers,
             prometheus,
-            stop: Some(stop),
+            _operator: operator,
         }
     }
 
@@ -136,14 +118,6 @@ impl World {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         started.elapsed()
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 

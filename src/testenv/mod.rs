@@ -4,6 +4,7 @@
 
 mod certs;
 mod control_plane;
+mod operator;
 mod process;
 mod prometheus;
 mod worker_metrics;
@@ -12,6 +13,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 
 pub use control_plane::{ControlPlane, shared, unique_name};
+pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::TestPrometheus;
 pub use worker_metrics::SimulatedWorkers;

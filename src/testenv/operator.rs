@@ -1,0 +1,61 @@
+//! The controller running inside a test, as `lanepool run` would run it, with the short query
+//! windows a test needs. Stopped when dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::controller::{self, Context, QueryWindows, Settings};
+use crate::metrics::Metrics;
+
+/// A controller task watching `namespaces` with `client`'s permissions.
+pub struct InProcessOperator {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl InProcessOperator {
+    /// Starts the controller; Prometheus queries use 5 s windows so tests react in seconds.
+    pub fn start(client: Client, namespaces: Vec<String>, prometheus_url: String) -> Self {
+        let settings = Settings {
+            default_prometheus_url: Some(prometheus_url),
+            windows: QueryWindows {
+                arrival_rate: "5s".into(),
+                job_time: "5s".into(),
+            },
+            write_timeout: Duration::from_secs(10),
+        };
+        let ctx = Arc::new(Context::new(client, Arc::new(Metrics::default()), settings));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = futures::FutureExt::shared(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        let task = tokio::spawn(controller::run(ctx, namespaces, shutdown));
+        Self {
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the controller and waits up to `grace` for it to finish; false if it did not.
+    pub async fn stop(mut self, grace: Duration) -> bool {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => tokio::time::timeout(grace, task).await.is_ok(),
+            None => true,
+        }
+    }
+}
+
+impl Drop for InProcessOperator {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
