@@ -66,7 +66,7 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
 
-    /// How long one write to the API server may take.
+    /// How long one request to the API server (a write, or a list or get) may take.
     #[arg(long, env = "LANEPOOL_WRITE_TIMEOUT", default_value = "10s", value_parser = duration_flag)]
     pub write_timeout: Duration,
 }

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
@@ -481,14 +481,8 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let started = Instant::now();
-    while !check().await {
-        assert!(
-            started.elapsed() < Duration::from_secs(seconds),
-            "{what}: not within {seconds} s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let took = testenv::poll_until(Duration::from_secs(seconds), &mut check).await;
+    assert!(took.is_some(), "{what}: not within {seconds} s");
 }
 
 /// Installs the chart (release `release`, watching `watch` or every namespace), runs the

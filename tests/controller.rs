@@ -108,16 +108,13 @@ impl World {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let started = Instant::now();
-        while !check().await {
-            assert!(
-                started.elapsed() < Duration::from_secs(seconds),
+        match testenv::poll_until(Duration::from_secs(seconds), &mut check).await {
+            Some(took) => took,
+            None => panic!(
                 "{what}: not within {seconds} s; status: {:?}",
                 self.pool().await.status
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            ),
         }
-        started.elapsed()
     }
 }
 

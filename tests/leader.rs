@@ -80,14 +80,8 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let started = Instant::now();
-    while !check().await {
-        assert!(
-            started.elapsed() < Duration::from_secs(seconds),
-            "{what}: not within {seconds} s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let took = testenv::poll_until(Duration::from_secs(seconds), &mut check).await;
+    assert!(took.is_some(), "{what}: not within {seconds} s");
 }
 
 async fn create_pool(pools: &Api<LanePool>, name: &str) {

@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::{Context, MANAGER};
-use super::workers::{Role, TEMPLATE_HASH, deployment_name, worker_deployments};
+use super::workers::{Role, TEMPLATE_HASH, pool_roles, worker_deployments};
 use crate::Result;
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::Replicas;
@@ -33,24 +33,21 @@ pub(super) fn applied_replicas(
             shared: status.shared,
         });
     }
-    let name = pool.name_any();
-    let replicas_of = |role: &Role| {
-        existing
-            .get(&deployment_name(&name, role))
-            .and_then(spec_replicas)
-    };
-    let shared = replicas_of(&Role::Shared)?;
-    let reserved = pool
-        .spec
-        .reserve_lanes()
-        .filter_map(|(lane, _)| {
-            let role = Role::Reserved {
-                lane: lane.name.clone(),
-            };
-            replicas_of(&role).map(|r| (lane.name.clone(), r))
-        })
-        .collect();
-    Some(Replicas { reserved, shared })
+    let mut found = Replicas::default();
+    let mut shared = None;
+    for (name, role, _) in pool_roles(pool, &Replicas::default()) {
+        let Some(count) = existing.get(&name).and_then(spec_replicas) else {
+            continue;
+        };
+        match role {
+            Role::Reserved { lane } => {
+                found.reserved.insert(lane, count);
+            }
+            Role::Shared => shared = Some(count),
+        }
+    }
+    found.shared = shared?;
+    Some(found)
 }
 
 fn spec_replicas(deployment: &Deployment) -> Option<i32> {
@@ -69,10 +66,10 @@ pub(super) async fn apply_deployments(
     // What this operator set last, by Deployment name: a count that differs from both this and
     // the new decision was set by someone else.
     let before: BTreeMap<String, i32> = applied
-        .map(|a| worker_deployments(pool, a))
+        .map(|a| pool_roles(pool, a))
         .unwrap_or_default()
-        .iter()
-        .map(|d| (d.name_any(), spec_replicas(d).unwrap_or(0)))
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
         .collect();
     let params = PatchParams::apply(MANAGER).force();
     for deployment in &desired {
@@ -138,19 +135,20 @@ pub(super) async fn autoscaler_conflict(
 ) -> Result<Option<String>> {
     let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), namespace);
     let autoscalers = ctx
-        .write(
+        .read(
             format!("listing HorizontalPodAutoscalers in {namespace}"),
             api.list(&ListParams::default()),
         )
         .await?;
-    let ours = worker_deployments(pool, &Replicas::default());
+    let ours = pool_roles(pool, &Replicas::default());
     Ok(autoscalers.items.iter().find_map(|hpa| {
         let target = &hpa.spec.as_ref()?.scale_target_ref;
-        let name = ours.iter().find(|d| target.kind == "Deployment" && d.name_any() == target.name)?;
+        let (name, _, _) = ours
+            .iter()
+            .find(|(name, _, _)| target.kind == "Deployment" && *name == target.name)?;
         Some(format!(
-            "HorizontalPodAutoscaler {} targets Deployment {}: lanepool owns its replicas and undoes the autoscaler's changes; delete the autoscaler",
+            "HorizontalPodAutoscaler {} targets Deployment {name}: lanepool owns its replicas and undoes the autoscaler's changes; delete the autoscaler",
             hpa.name_any(),
-            name.name_any()
         ))
     }))
 }

@@ -83,28 +83,37 @@ impl Context {
         update(pools.entry(key).or_default());
     }
 
-    /// Runs a write with the timeout and counts its result.
+    /// Runs a write with the timeout and counts its result in `kube_writes`.
     pub(super) async fn write<T>(
         &self,
         action: impl Into<String>,
         request: impl Future<Output = kube::Result<T>>,
     ) -> Result<T> {
-        let action = action.into();
+        let (result, outcome) = self.bounded(action.into(), request).await;
+        self.metrics.wrote(outcome);
+        result
+    }
+
+    /// Runs a read (a list or a get) with the same timeout; reads are not counted as writes.
+    pub(super) async fn read<T>(
+        &self,
+        action: impl Into<String>,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T> {
+        self.bounded(action.into(), request).await.0
+    }
+
+    async fn bounded<T>(
+        &self,
+        action: String,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> (Result<T>, &'static str) {
         match tokio::time::timeout(self.settings.write_timeout, request).await {
-            Ok(Ok(value)) => {
-                self.metrics.wrote("success");
-                Ok(value)
-            }
-            Ok(Err(source)) => {
-                self.metrics.wrote("failure");
-                Err(Error::Kube { action, source })
-            }
+            Ok(Ok(value)) => (Ok(value), "success"),
+            Ok(Err(source)) => (Err(Error::Kube { action, source }), "failure"),
             Err(_) => {
-                self.metrics.wrote("timeout");
-                Err(Error::Timeout {
-                    action,
-                    seconds: self.settings.write_timeout.as_secs(),
-                })
+                let seconds = self.settings.write_timeout.as_secs();
+                (Err(Error::Timeout { action, seconds }), "timeout")
             }
         }
     }

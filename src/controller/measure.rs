@@ -252,13 +252,12 @@ async fn connection(pool: &LanePool, ctx: &Context) -> Result<Option<Connection>
                 name: selector.name.clone(),
                 key: selector.key.clone(),
             };
-            let secret = secrets
-                .get_opt(&selector.name)
-                .await
-                .map_err(|source| Error::Kube {
-                    action: format!("reading Secret {}", selector.name),
-                    source,
-                })?
+            let secret = ctx
+                .read(
+                    format!("reading Secret {}", selector.name),
+                    secrets.get_opt(&selector.name),
+                )
+                .await?
                 .ok_or_else(missing)?;
             let value = secret
                 .data

@@ -136,7 +136,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     let sizing = PoolSizing::from_spec(&pool.spec)?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let existing: BTreeMap<String, Deployment> = ctx
-        .write(
+        .read(
             format!("listing the Deployments of {namespace}/{name}"),
             deployments.list(&ListParams::default().labels(&format!("{POOL_LABEL}={name}"))),
         )
@@ -157,7 +157,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         || memory
             .measured_at
             .is_none_or(|at| now.saturating_sub(at) + interval / 10 >= interval);
-    let decision = if due {
+    let (decision, replicas, measured_at) = if due {
         let loads = measure::measure_pool(pool, ctx).await?;
         let decision = decide(
             &sizing,
@@ -169,20 +169,16 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
             },
         );
         let replicas = decision.replicas();
-        let history = decision.history.clone();
-        ctx.remember(key.clone(), |m| {
-            m.history = history;
+        ctx.remember(key, |m| {
+            m.history = decision.history.clone();
             m.measured_at = Some(now);
             m.generation = pool.metadata.generation;
-            m.replicas = Some(replicas);
+            m.replicas = Some(replicas.clone());
         });
-        Some(decision)
+        (Some(decision), replicas, now)
     } else {
-        None
-    };
-    let replicas = match &decision {
-        Some(decision) => decision.replicas(),
-        None => memory.replicas.clone().unwrap_or_default(),
+        let replicas = memory.replicas.clone().unwrap_or_default();
+        (None, replicas, memory.measured_at.unwrap_or(now))
     };
 
     apply::apply_deployments(
@@ -199,7 +195,6 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
         report::report_decision(pool, ctx, &old_status, &decision, applied.as_ref(), hpa).await?;
     }
-    let wait =
-        interval.saturating_sub(now.saturating_sub(ctx.memory(&key).measured_at.unwrap_or(now)));
+    let wait = interval.saturating_sub(now.saturating_sub(measured_at));
     Ok(Action::requeue(wait.max(Duration::from_secs(1))))
 }

@@ -49,9 +49,11 @@ pub fn deployment_name(pool: &str, role: &Role) -> String {
     }
 }
 
-/// Every Deployment of the pool with its replica count.
-pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deployment> {
-    let mut deployments: Vec<Deployment> = pool
+/// Every Deployment of the pool: its name, role and replica count. A reserve lane missing from
+/// `replicas` gets its `reserve.min`. The one place that maps replica counts to Deployments.
+pub fn pool_roles(pool: &LanePool, replicas: &Replicas) -> Vec<(String, Role, i32)> {
+    let name = pool.name_any();
+    let mut roles: Vec<(String, Role, i32)> = pool
         .spec
         .reserve_lanes()
         .map(|(lane, reserve)| {
@@ -63,11 +65,23 @@ pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deploymen
             let role = Role::Reserved {
                 lane: lane.name.clone(),
             };
-            deployment(pool, &role, count)
+            (deployment_name(&name, &role), role, count)
         })
         .collect();
-    deployments.push(deployment(pool, &Role::Shared, replicas.shared));
-    deployments
+    roles.push((
+        deployment_name(&name, &Role::Shared),
+        Role::Shared,
+        replicas.shared,
+    ));
+    roles
+}
+
+/// Every Deployment of the pool with its replica count.
+pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deployment> {
+    pool_roles(pool, replicas)
+        .iter()
+        .map(|(_, role, count)| deployment(pool, role, *count))
+        .collect()
 }
 
 fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {

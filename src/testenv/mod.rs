@@ -78,3 +78,22 @@ pub fn free_port() -> Result<u16> {
         .map_err(io("finding a free port"))?
         .port())
 }
+
+/// Polls `check` every 250 ms until it is true: how long that took, or `None` after `timeout`.
+pub async fn poll_until<F, Fut>(
+    timeout: std::time::Duration,
+    mut check: F,
+) -> Option<std::time::Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        if started.elapsed() >= timeout {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    Some(started.elapsed())
+}
