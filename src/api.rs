@@ -78,7 +78,9 @@ pub struct LanePoolSpec {
     pub lanes: Vec<Lane>,
 
     /// Multiplies measured busy workers (arrival rate × job time) to size the reserve.
-    /// Default 1.5; greater than 0, at most 10.
+    /// Default 1: the reserve follows the load within seconds and shared workers take what is
+    /// above it; raise it (the guide uses 1.5) for lower urgent latency at some batch cost.
+    /// Greater than 0, at most 10.
     #[serde(default = "default_headroom")]
     #[schemars(range(min = 0.0, max = 10.0), extend("exclusiveMinimum" = true))]
     pub headroom: f64,
@@ -101,7 +103,7 @@ pub struct LanePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusSource>,
 
-    /// How often to measure and resize. Default 30s; from 5s to 1h.
+    /// How often to measure and resize. Default 10s; from 5s to 1h.
     #[serde(default = "default_interval")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('5s') && duration(self) <= duration('1h')").message("interval must be between 5s and 1h"))]
     pub interval: KubeDuration,
@@ -262,7 +264,8 @@ pub struct PrometheusSource {
 #[serde(rename_all = "camelCase")]
 pub struct ScaleDown {
     /// A reserve shrinks only to the highest recommendation made within this window.
-    /// Default 5m; "0" scales down at once; at most 24h.
+    /// Default 0s: a reserve shrinks as soon as the rate, raised by the 10% tolerance, asks
+    /// for less (holding an idle reserve costs batch throughput); at most 24h.
     #[serde(default = "default_stabilization_window")]
     #[x_kube(validation = Rule::new("duration(self) <= duration('24h')").message("scaleDown.stabilizationWindow must be at most 24h"))]
     pub stabilization_window: KubeDuration,
@@ -349,11 +352,18 @@ pub struct LaneStatus {
     pub reserve: i32,
 }
 
+/// `spec.headroom` when not set.
+pub const DEFAULT_HEADROOM: f64 = 1.0;
+/// `spec.interval` when not set.
+pub const DEFAULT_INTERVAL: &str = "10s";
+/// `spec.scaleDown.stabilizationWindow` when not set.
+pub const DEFAULT_STABILIZATION_WINDOW: &str = "0s";
+
 fn default_headroom() -> f64 {
-    1.5
+    DEFAULT_HEADROOM
 }
 fn default_interval() -> KubeDuration {
-    KubeDuration::new("30s")
+    KubeDuration::new(DEFAULT_INTERVAL)
 }
 fn default_reserve_min() -> i32 {
     1
@@ -362,7 +372,7 @@ fn default_shared_min() -> i32 {
     1
 }
 fn default_stabilization_window() -> KubeDuration {
-    KubeDuration::new("5m")
+    KubeDuration::new(DEFAULT_STABILIZATION_WINDOW)
 }
 
 impl Default for ScaleDown {

@@ -38,8 +38,9 @@ struct PlanArgs {
     /// The urgent lane's mean job time, such as 20ms or 1.5s.
     #[arg(long, value_name = "DURATION", value_parser = parse_job_time)]
     job_time: std::time::Duration,
-    /// Multiplies busy workers to leave room for bursts; more than 0, at most 10.
-    #[arg(long, default_value_t = 1.5)]
+    /// Multiplies busy workers to leave room for bursts (a LanePool's default: 1); more than 0,
+    /// at most 10.
+    #[arg(long, default_value_t = lanepool::api::DEFAULT_HEADROOM)]
     headroom: f64,
     /// Fewest reserved workers.
     #[arg(long, default_value_t = 1)]

@@ -42,12 +42,18 @@ pub struct RunArgs {
     #[arg(long, env = "LANEPOOL_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
-    /// Trailing window of the default arrival-rate query.
-    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = "1m", value_parser = promql_duration)]
+    /// Trailing window of the default arrival-rate query: what status shows, and what the
+    /// reserve follows while the recent rate has no answer.
+    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = crate::controller::DEFAULT_RATE_WINDOW, value_parser = promql_duration)]
     pub rate_window: String,
 
+    /// Lookback of the recent arrival-rate query, irate() over the default metric: the rate of
+    /// the last scrape interval, which the reserve follows both ways; it must hold two scrapes.
+    #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::controller::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = promql_duration)]
+    pub recent_rate_lookback: String,
+
     /// Trailing window of the default job-time query.
-    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = "5m", value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = crate::controller::DEFAULT_JOB_TIME_WINDOW, value_parser = promql_duration)]
     pub job_time_window: String,
 
     /// Compete for a Lease so only one replica runs the controller.
@@ -69,6 +75,12 @@ pub struct RunArgs {
     /// How long one request to the API server (a write, or a list or get) may take.
     #[arg(long, env = "LANEPOOL_WRITE_TIMEOUT", default_value = "10s", value_parser = duration_flag)]
     pub write_timeout: Duration,
+
+    /// How long a shrinking Deployment waits for the growing ones to be ready (a surge: when
+    /// the reserve grows, shared workers leave only once the new reserved workers are ready);
+    /// 0 shrinks at once.
+    #[arg(long, env = "LANEPOOL_SURGE_TIMEOUT", default_value = "2m", value_parser = surge_timeout)]
+    pub surge_timeout: Duration,
 }
 
 fn lease_duration(value: &str) -> Result<Duration, String> {
@@ -85,6 +97,10 @@ fn duration_flag(value: &str) -> Result<Duration, String> {
         Ok(_) => Err("must be more than 0".into()),
         Err(e) => Err(e.to_string()),
     }
+}
+
+fn surge_timeout(value: &str) -> Result<Duration, String> {
+    crate::duration::parse(value).map_err(|e| e.to_string())
 }
 
 /// A window PromQL accepts: a whole number of seconds, minutes or hours.
@@ -144,8 +160,10 @@ async fn operate(args: RunArgs) -> ExitCode {
         default_prometheus_url: args.prometheus_url.clone(),
         windows: QueryWindows {
             arrival_rate: args.rate_window.clone(),
+            recent_arrival_rate: Some(args.recent_rate_lookback.clone()),
             job_time: args.job_time_window.clone(),
         },
+        surge_timeout: args.surge_timeout,
         write_timeout: args.write_timeout,
     };
     let ctx = Arc::new(Context::new(client, metrics.clone(), settings));

@@ -48,10 +48,13 @@ pub enum UnavailablePolicy {
 }
 
 /// A reserve lane's measured load.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LaneLoad {
-    /// Jobs per second.
+    /// Jobs per second over the long window: what the reserve shrinks to.
     pub arrival_rate: f64,
+    /// Jobs per second over the short window, seen sooner after a rise: the reserve grows to it
+    /// at once. `None` when not measured (a custom query, or too few samples yet).
+    pub recent_arrival_rate: Option<f64>,
     /// Mean job time in seconds; `None` only when the rate is zero and no job ran.
     pub job_seconds: Option<f64>,
 }
@@ -314,6 +317,7 @@ pub fn lane_load(
     };
     Ok(LaneLoad {
         arrival_rate: rate,
+        recent_arrival_rate: None,
         job_seconds: job,
     })
 }
@@ -387,11 +391,11 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
             .and_then(|c| c.reserved.get(&lane.name).copied());
         let decision = match inputs.loads.get(&lane.name) {
             Some(Ok(load)) => {
-                let (past, capped) =
+                let lane_measured =
                     measured(sizing, lane, load, current, inputs.history, inputs.now);
-                history.insert(lane.name.clone(), past.0);
-                limited.extend(capped);
-                past.1
+                history.insert(lane.name.clone(), lane_measured.history);
+                limited.extend(lane_measured.capped);
+                lane_measured.decision
             }
             unmeasured => {
                 let reason = match unmeasured {
@@ -424,7 +428,31 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
     }
 }
 
-type Remembered = (Vec<Recommendation>, LaneDecision);
+/// A reserve changes only when the rate, moved back toward the current reserve by this share,
+/// still asks for the change: a rate sitting on an integer boundary (10/s × 50 ms × 2 = 1.0,
+/// read back as 1.0000001 or 0.9999999) never flaps between two reserves. The HPA's tolerance
+/// is the same 10 %.
+pub const TOLERANCE: f64 = 0.1;
+
+/// A lane's reserve for one arrival rate, by its rule: (needed, its ceiling before the bounds).
+fn reserve_for(sizing: &PoolSizing, lane: &LaneSizing, arrival_rate: f64, job: f64) -> (f64, i32) {
+    match lane.rule {
+        Rule::Formula => formula(arrival_rate, job, sizing.headroom),
+        Rule::LatencyTarget { p99_seconds } => {
+            // Beyond max the target is out of reach; max + 1 makes that show as "capped".
+            let reserve = latency_target(arrival_rate, job, p99_seconds, lane.max)
+                .unwrap_or(lane.max.saturating_add(1));
+            (f64::from(reserve), reserve)
+        }
+    }
+}
+
+/// What one measured lane leaves behind: the recommendations to remember and the decision.
+struct Measured {
+    history: Vec<Recommendation>,
+    decision: LaneDecision,
+    capped: Option<String>,
+}
 
 fn measured(
     sizing: &PoolSizing,
@@ -433,17 +461,32 @@ fn measured(
     current: Option<i32>,
     history: &History,
     now: Duration,
-) -> (Remembered, Option<String>) {
+) -> Measured {
     let job = load.job_seconds.unwrap_or(0.0);
-    let (needed, ceiling) = match lane.rule {
-        Rule::Formula => formula(load.arrival_rate, job, sizing.headroom),
-        Rule::LatencyTarget { p99_seconds } => {
-            // Beyond max the target is out of reach; max + 1 makes that show as "capped".
-            let reserve = latency_target(load.arrival_rate, job, p99_seconds, lane.max)
-                .unwrap_or(lane.max.saturating_add(1));
-            (f64::from(reserve), reserve)
-        }
+    // The recent rate (the last scrape interval) is seen up to a window sooner than the long
+    // one, both when a spike starts and when it ends; the long rate stands in without it.
+    let (rate, recent) = match load.recent_arrival_rate {
+        Some(recent) => (recent, true),
+        None => (load.arrival_rate, false),
     };
+    let (needed, mut ceiling) = reserve_for(sizing, lane, rate, job);
+    // Move only when the rate, moved back by the tolerance, still asks for the change.
+    let mut tolerated = None;
+    if let Some(current) = current {
+        let toward = if ceiling > current {
+            reserve_for(sizing, lane, rate / (1.0 + TOLERANCE), job)
+                .1
+                .max(current)
+        } else {
+            reserve_for(sizing, lane, rate * (1.0 + TOLERANCE), job)
+                .1
+                .min(current)
+        };
+        if toward != ceiling {
+            tolerated = Some(ceiling);
+            ceiling = toward;
+        }
+    }
     let recommended = ceiling.clamp(lane.min, lane.max);
     let capped = (ceiling > lane.max).then(|| {
         format!(
@@ -470,22 +513,32 @@ fn measured(
     let highest = past.iter().map(|r| r.reserve).max().unwrap_or(recommended);
     let reserve = highest.clamp(lane.min, lane.max);
 
+    let shown_rate = if recent {
+        format!("{}/s (recent)", trim(rate))
+    } else {
+        format!("{}/s", trim(rate))
+    };
     let arithmetic = match lane.rule {
         Rule::Formula => format!(
-            "{}/s × {} × {} = {}",
-            trim(load.arrival_rate),
+            "{shown_rate} × {} × {} = {}",
             human_seconds(job),
             trim(sizing.headroom),
             trim(needed)
         ),
         Rule::LatencyTarget { p99_seconds } => format!(
-            "{}/s × {}, p99 ≤ {}",
-            trim(load.arrival_rate),
+            "{shown_rate} × {}, p99 ≤ {}",
             human_seconds(job),
             human_seconds(p99_seconds)
         ),
     };
-    let mut explanation = format!("{} {arithmetic} → {ceiling}", lane.name);
+    let mut explanation = format!("{} {arithmetic} → ", lane.name);
+    match tolerated {
+        Some(wanted) => explanation.push_str(&format!(
+            "{wanted}, within the {}% tolerance: {ceiling}",
+            TOLERANCE * 100.0
+        )),
+        None => explanation.push_str(&ceiling.to_string()),
+    }
     if ceiling != recommended {
         let bound = if ceiling > lane.max { "max" } else { "min" };
         explanation.push_str(&format!(", {bound} {recommended}"));
@@ -498,16 +551,19 @@ fn measured(
     }
     explanation.push_str(&format!(" → {reserve} reserved"));
 
-    let decision = LaneDecision {
-        name: lane.name.clone(),
-        load: Some(*load),
-        needed: Some(needed),
-        recommended,
-        reserve,
-        arithmetic: Some(arithmetic),
-        explanation,
-    };
-    ((past, decision), capped)
+    Measured {
+        history: past,
+        decision: LaneDecision {
+            name: lane.name.clone(),
+            load: Some(*load),
+            needed: Some(needed),
+            recommended,
+            reserve,
+            arithmetic: Some(arithmetic),
+            explanation,
+        },
+        capped,
+    }
 }
 
 fn unmeasured_lane(

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
-use lanepool::testenv::{self, InProcessOperator, SimulatedWorkers, TestPrometheus};
+use lanepool::testenv::{
+    self, DeploymentReadiness, InProcessOperator, SimulatedWorkers, TestPrometheus,
+};
 use serde_json::json;
 
 /// One test's world: its namespace, simulated workers, Prometheus and a running controller.
@@ -21,10 +23,22 @@ struct World {
     prometheus: TestPrometheus,
     /// Stopped when the world is dropped.
     _operator: InProcessOperator,
+    /// Pods become ready at once: shrinks that wait for growth (a surge) go ahead.
+    _readiness: DeploymentReadiness,
 }
 
 impl World {
     async fn start(prefix: &str) -> Self {
+        Self::start_with(prefix, |_| {}, Duration::ZERO).await
+    }
+
+    /// A world whose operator settings are changed by `settings` and whose new pods take
+    /// `pod_start` to be ready.
+    async fn start_with(
+        prefix: &str,
+        settings: impl FnOnce(&mut lanepool::controller::Settings),
+        pod_start: Duration,
+    ) -> Self {
         let plane = testenv::shared().expect("the control plane starts");
         let (client, namespace) = {
             let client = plane.client().await.unwrap();
@@ -33,14 +47,21 @@ impl World {
         };
         let workers = SimulatedWorkers::start().unwrap();
         let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
-        let operator =
-            InProcessOperator::start(client.clone(), vec![namespace.clone()], prometheus.url());
+        let mut operator_settings = InProcessOperator::settings(prometheus.url());
+        settings(&mut operator_settings);
+        let operator = InProcessOperator::start_with(
+            client.clone(),
+            vec![namespace.clone()],
+            operator_settings,
+        );
+        let readiness = DeploymentReadiness::start(client.clone(), &namespace, pod_start);
         Self {
             client,
             namespace,
             workers,
             prometheus,
             _operator: operator,
+            _readiness: readiness,
         }
     }
 
@@ -201,11 +222,13 @@ async fn the_reserve_follows_the_urgent_rate_and_scale_down_waits() {
             world.replicas("jobs-urgent-reserved").await == Some(5)
         })
         .await;
-    assert_eq!(
-        world.replicas("jobs-shared").await,
-        Some(5),
-        "the budget of 10 is kept"
-    );
+    world
+        .until(
+            10,
+            "the budget of 10 kept once the new workers are ready",
+            || async { world.replicas("jobs-shared").await == Some(5) },
+        )
+        .await;
     eprintln!(
         "reaction 30/s → 150/s: {:.1} s (interval 5 s, scrape 1 s, rate window 5 s)",
         grew.as_secs_f64()
@@ -231,6 +254,7 @@ async fn the_reserve_follows_the_urgent_rate_and_scale_down_waits() {
         shrank >= Duration::from_secs(15),
         "scaled down after {shrank:?}, inside the 20 s window"
     );
+    // Shared workers grew first: the reserve shrank only once they were ready.
     assert_eq!(world.replicas("jobs-shared").await, Some(9));
     eprintln!(
         "scale-down after the drop: {:.1} s (window 20 s)",
@@ -244,8 +268,9 @@ async fn prometheus_down_holds_the_counts_and_scaling_resumes_after() {
     world.urgent(150.0, 0.020);
     world.apply_pool(|_| {}).await;
     world
-        .until(40, "5 reserved", || async {
+        .until(40, "5 reserved and 5 shared", || async {
             world.replicas("jobs-urgent-reserved").await == Some(5)
+                && world.replicas("jobs-shared").await == Some(5)
         })
         .await;
 
@@ -480,4 +505,133 @@ async fn an_autoscaler_on_a_lanepool_deployment_is_reported() {
                 })
         })
         .await;
+}
+
+/// Samples (reserved, shared) every 100 ms until `until` holds; returns every sample.
+async fn watch_counts(
+    world: &World,
+    seconds: u64,
+    until: impl Fn(i32, i32) -> bool,
+) -> Vec<(i32, i32)> {
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let reserved = world.replicas("jobs-urgent-reserved").await.unwrap_or(-1);
+        let shared = world.replicas("jobs-shared").await.unwrap_or(-1);
+        if seen.last() != Some(&(reserved, shared)) {
+            seen.push((reserved, shared));
+        }
+        if until(reserved, shared) {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "not within {seconds} s; counts seen: {seen:?}; status: {:?}",
+        world.pool().await.status
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_the_hold() {
+    // A long window of 20 s beside a recent one of 5 s; pods take 3 s to be ready.
+    let world = World::start_with(
+        "spike",
+        |settings| {
+            settings.windows.arrival_rate = "20s".into();
+            settings.windows.recent_arrival_rate = Some("5s".into());
+        },
+        Duration::from_secs(3),
+    )
+    .await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    watch_counts(&world, 40, |r, s| r == 1 && s == 9).await;
+    world
+        .until(30, "metrics available", || async {
+            world
+                .condition("MetricsAvailable")
+                .await
+                .is_some_and(|c| c.0 == "True")
+        })
+        .await;
+
+    world.urgent(150.0, 0.020);
+    let spiked = Instant::now();
+    let growing = watch_counts(&world, 40, |r, s| r == 5 && s == 5).await;
+    let grew = spiked.elapsed();
+    // Reserved grew to 5 while the 9 shared workers stayed until the new ones were ready, and
+    // the pool never had fewer than its 10 workers asked for.
+    assert!(growing.contains(&(5, 9)), "{growing:?}");
+    assert!(growing.iter().all(|(r, s)| r + s >= 10), "{growing:?}");
+    world
+        .until(10, "a Scaled event from the recent rate", || async {
+            world.events().await.iter().any(|(reason, note)| {
+                reason == "Scaled" && note.contains("/s (recent) × 20 ms × 1.5")
+            })
+        })
+        .await;
+    eprintln!(
+        "30/s → 150/s: 5 reserved and 5 shared after {:.1} s",
+        grew.as_secs_f64()
+    );
+
+    world.urgent(30.0, 0.020);
+    let dropped = Instant::now();
+    let shrinking = watch_counts(&world, 60, |r, s| r == 1 && s == 9).await;
+    let back = dropped.elapsed();
+    assert!(shrinking.iter().all(|(r, s)| r + s >= 10), "{shrinking:?}");
+    // Each step down grows shared workers first; reserved ones leave once those are ready.
+    assert!(
+        shrinking.get(1).is_some_and(|(r, s)| *r == 5 && *s > 5),
+        "shared grew first: {shrinking:?}"
+    );
+    // The hold is the 20 s window after the last high recommendation, which the 20 s rate
+    // window keeps making for up to 20 s (+ scrape, interval and pod start).
+    assert!(
+        back >= Duration::from_secs(20),
+        "back after {back:?}, inside the hold"
+    );
+    assert!(back <= Duration::from_secs(55), "back after {back:?}");
+    eprintln!(
+        "150/s → 30/s: back to 1 reserved after {:.1} s",
+        back.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_on_an_integer_boundary_does_not_flap() {
+    let world = World::start("boundary").await;
+    // 10/s × 50 ms × 2 = 1.0 exactly; Prometheus's rate() reads it a little above or below.
+    world.urgent(10.0, 0.050);
+    world
+        .apply_pool(|spec| {
+            spec["headroom"] = json!(2);
+            spec["scaleDown"]["stabilizationWindow"] = json!("0s");
+        })
+        .await;
+    world
+        .until(40, "metrics available", || async {
+            world
+                .condition("MetricsAvailable")
+                .await
+                .is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    let mut seen = std::collections::BTreeSet::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(40) {
+        seen.insert(world.replicas("jobs-urgent-reserved").await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(seen, [Some(1)].into(), "8 evaluations at 1.0 ± noise");
+    let rates: Vec<f64> = world
+        .pool()
+        .await
+        .status
+        .into_iter()
+        .flat_map(|s| s.lanes)
+        .filter_map(|l| l.arrival_rate_per_second)
+        .collect();
+    eprintln!("the rate read at the end: {rates:?}/s");
 }

@@ -69,6 +69,7 @@ fn exported() -> String {
         "urgent".to_string(),
         Ok(LaneLoad {
             arrival_rate: 30.0,
+            recent_arrival_rate: None,
             job_seconds: Some(0.02),
         }),
     )]);

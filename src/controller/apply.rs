@@ -12,6 +12,7 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::{Context, MANAGER};
+use super::surge;
 use super::workers::{Role, TEMPLATE_HASH, pool_roles, worker_deployments};
 use crate::Result;
 use crate::api::{LanePool, LanePoolStatus};
@@ -52,6 +53,53 @@ pub(super) fn applied_replicas(
 
 fn spec_replicas(deployment: &Deployment) -> Option<i32> {
     deployment.spec.as_ref()?.replicas
+}
+
+fn ready_replicas(deployment: &Deployment) -> i32 {
+    deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0)
+}
+
+/// The counts to apply now on the way to `decided`.
+pub(super) struct SurgeStep {
+    pub(super) replicas: Replicas,
+    pub(super) waiting: bool,
+}
+
+/// Where the Deployments are on the way to `decided`: see [`surge::step`].
+pub(super) fn surge_step(
+    pool: &LanePool,
+    existing: &BTreeMap<String, Deployment>,
+    decided: &Replicas,
+    waited: Option<std::time::Duration>,
+    timeout: std::time::Duration,
+) -> SurgeStep {
+    let roles = pool_roles(pool, decided);
+    let counts: Vec<surge::Counts> = roles
+        .iter()
+        .map(|(name, _, target)| surge::Counts {
+            target: *target,
+            live: existing.get(name).and_then(spec_replicas),
+            ready: existing.get(name).map_or(0, ready_replicas),
+        })
+        .collect();
+    let step = surge::step(&counts, waited, timeout);
+    let mut replicas = decided.clone();
+    for ((_, role, _), count) in roles.iter().zip(step.apply) {
+        match role {
+            Role::Reserved { lane } => {
+                replicas.reserved.insert(lane.clone(), count);
+            }
+            Role::Shared => replicas.shared = count,
+        }
+    }
+    SurgeStep {
+        replicas,
+        waiting: step.waiting,
+    }
 }
 
 pub(super) async fn apply_deployments(

@@ -29,6 +29,8 @@ pub struct Settings {
     pub windows: QueryWindows,
     /// How long a write to the API server may take.
     pub write_timeout: Duration,
+    /// How long a shrinking Deployment waits for the growing ones to be ready; zero: no wait.
+    pub surge_timeout: Duration,
 }
 
 /// What one pool's reconciles remember between runs.
@@ -37,7 +39,12 @@ pub(super) struct PoolMemory {
     pub(super) history: History,
     pub(super) measured_at: Option<Duration>,
     pub(super) generation: Option<i64>,
+    /// The last decision.
     pub(super) replicas: Option<Replicas>,
+    /// What was last applied to the Deployments: the decision, or a step of a surge towards it.
+    pub(super) applied: Option<Replicas>,
+    /// Since when a shrink has been waiting for the growing Deployments to be ready.
+    pub(super) surge_since: Option<Duration>,
     pub(super) failures: u32,
 }
 

@@ -16,14 +16,25 @@ use kube::api::Api;
 use super::context::Context;
 use crate::api::{LanePool, Reserve};
 use crate::metrics::Metrics;
-use crate::sizing::{Answer, LaneLoad, lane_load};
+use crate::sizing::{Answer, LaneLoad, lane_load, single_value};
 use crate::{Error, Result};
+
+/// The operator's default trailing window of the arrival-rate query (`--rate-window`).
+pub const DEFAULT_RATE_WINDOW: &str = "1m";
+/// How far back the recent arrival-rate query (`irate`, the last two samples) may look
+/// (`--recent-rate-lookback`): it must hold two scrapes.
+pub const DEFAULT_RECENT_RATE_LOOKBACK: &str = "1m";
+/// The operator's default trailing window of the job-time query (`--job-time-window`).
+pub const DEFAULT_JOB_TIME_WINDOW: &str = "5m";
 
 /// The trailing windows of the default queries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueryWindows {
     /// For the arrival rate, such as "1m".
     pub arrival_rate: String,
+    /// The lookback of the recent arrival rate (`irate`: the last scrape interval), such as
+    /// "1m"; `None`: not asked.
+    pub recent_arrival_rate: Option<String>,
     /// For the mean job time, such as "5m".
     pub job_time: String,
 }
@@ -33,6 +44,8 @@ pub struct QueryWindows {
 pub struct LaneQueries {
     pub lane: String,
     pub arrival_rate: String,
+    /// Only for the default arrival-rate query: a custom query's window is not ours to change.
+    pub recent_arrival_rate: Option<String>,
     pub job_time: String,
     pub job_seconds_fallback: Option<f64>,
 }
@@ -73,13 +86,18 @@ fn lane_queries(
         escape(lane)
     );
     let custom = |q: Option<&String>| q.filter(|q| !q.trim().is_empty()).cloned();
-    let arrival_rate = custom(reserve.arrival_rate.as_ref().and_then(|q| q.query.as_ref()))
-        .unwrap_or_else(|| {
-            format!(
-                "sum(rate(lanepool_jobs_submitted_total{selector}[{}]))",
-                windows.arrival_rate
-            )
-        });
+    let submitted = |function: &str, window: &str| {
+        format!("sum({function}(lanepool_jobs_submitted_total{selector}[{window}]))")
+    };
+    let custom_rate = custom(reserve.arrival_rate.as_ref().and_then(|q| q.query.as_ref()));
+    let recent_arrival_rate = match &custom_rate {
+        Some(_) => None,
+        None => windows
+            .recent_arrival_rate
+            .as_deref()
+            .map(|lookback| submitted("irate", lookback)),
+    };
+    let arrival_rate = custom_rate.unwrap_or_else(|| submitted("rate", &windows.arrival_rate));
     let job_time = custom(reserve.job_time.as_ref().and_then(|q| q.query.as_ref()))
         .unwrap_or_else(|| {
             let w = &windows.job_time;
@@ -102,6 +120,7 @@ fn lane_queries(
     Ok(LaneQueries {
         lane: lane.to_string(),
         arrival_rate,
+        recent_arrival_rate,
         job_time,
         job_seconds_fallback,
     })
@@ -154,10 +173,13 @@ pub async fn measure(
     for lane in lanes {
         let rate = query(prometheus, &lane.arrival_rate, metrics).await;
         let job = query(prometheus, &lane.job_time, metrics).await;
-        loads.insert(
-            lane.lane.clone(),
-            lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback),
-        );
+        let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
+        if let (Ok(load), Some(recent)) = (&mut load, &lane.recent_arrival_rate) {
+            // Without an answer (fewer than two samples yet) the long window decides alone.
+            let answer = query(prometheus, recent, metrics).await;
+            load.recent_arrival_rate = single_value("recent arrival rate", &answer).ok();
+        }
+        loads.insert(lane.lane.clone(), load);
     }
     loads
 }
@@ -288,6 +310,7 @@ mod tests {
     fn windows() -> QueryWindows {
         QueryWindows {
             arrival_rate: "1m".into(),
+            recent_arrival_rate: Some("1m".into()),
             job_time: "5m".into(),
         }
     }

@@ -12,6 +12,7 @@ mod context;
 mod measure;
 mod report;
 mod status;
+mod surge;
 mod workers;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,11 @@ use kube::runtime::watcher;
 use tracing::warn;
 
 pub use context::{Context, MANAGER, Settings};
-pub use measure::{Connection, LaneQueries, QueryWindows, pool_queries};
+pub use measure::{
+    Connection, DEFAULT_JOB_TIME_WINDOW, DEFAULT_RATE_WINDOW, DEFAULT_RECENT_RATE_LOOKBACK,
+    LaneQueries, QueryWindows, pool_queries,
+};
+pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
 };
@@ -169,7 +174,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
             },
         );
         let replicas = decision.replicas();
-        ctx.remember(key, |m| {
+        ctx.remember(key.clone(), |m| {
             m.history = decision.history.clone();
             m.measured_at = Some(now);
             m.generation = pool.metadata.generation;
@@ -181,20 +186,36 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         (None, replicas, memory.measured_at.unwrap_or(now))
     };
 
+    // Growing Deployments get their counts at once; shrinking ones once the others are ready.
+    let surge = apply::surge_step(
+        pool,
+        &existing,
+        &replicas,
+        memory.surge_since.map(|since| now.saturating_sub(since)),
+        ctx.settings.surge_timeout,
+    );
+    let surge_since = surge.waiting.then(|| memory.surge_since.unwrap_or(now));
+    ctx.remember(key.clone(), |m| m.surge_since = surge_since);
     apply::apply_deployments(
         pool,
         ctx,
         &deployments,
         &existing,
-        &replicas,
-        applied.as_ref(),
+        &surge.replicas,
+        memory.applied.as_ref().or(applied.as_ref()),
     )
     .await?;
+    ctx.remember(key, |m| m.applied = Some(surge.replicas.clone()));
 
     if let Some(decision) = decision {
         let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
         report::report_decision(pool, ctx, &old_status, &decision, applied.as_ref(), hpa).await?;
     }
-    let wait = interval.saturating_sub(now.saturating_sub(measured_at));
+    let mut wait = interval.saturating_sub(now.saturating_sub(measured_at));
+    if let Some(since) = surge_since {
+        // Readiness arrives as Deployment events; the timeout has to be watched for.
+        let timeout_at = since + ctx.settings.surge_timeout;
+        wait = wait.min(timeout_at.saturating_sub(now));
+    }
     Ok(Action::requeue(wait.max(Duration::from_secs(1))))
 }

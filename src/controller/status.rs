@@ -185,6 +185,7 @@ mod tests {
             "urgent".to_string(),
             Ok(LaneLoad {
                 arrival_rate: 92.0,
+                recent_arrival_rate: None,
                 job_seconds: Some(0.021),
             }),
         )]);

@@ -31,6 +31,7 @@ impl Control {
         };
         let load = LaneLoad {
             arrival_rate: rate,
+            recent_arrival_rate: None,
             job_seconds: Some(job_seconds),
         };
         let decision = control.decide(Ok(load), None, 0);
@@ -45,6 +46,9 @@ impl Control {
             None => Err("no samples yet".to_string()),
             Some(rate) => Ok(LaneLoad {
                 arrival_rate: rate,
+                recent_arrival_rate: (c.scrape_interval > 0)
+                    .then(|| observed.arrival_rate(now, c.scrape_interval, c.scrape_delay))
+                    .flatten(),
                 // The LanePool would set jobTime.fallback to the known job time.
                 job_seconds: Some(
                     observed
@@ -86,3 +90,31 @@ impl Control {
         self.history = decision.history;
     }
 }
+
+/// The operator's loop with the defaults a LanePool gets when the user sets nothing: a budget of
+/// `workers` (`totalWorkers`), one reserve lane with `max` = workers − 1, the operator's default
+/// query windows, and the simulator's model of the world (a 15 s scrape interval, samples 15 s
+/// old, 10 s pod start).
+pub fn lanepool_defaults(workers: u32) -> Autoscale {
+    let spec: crate::api::LanePoolSpec = serde_json::from_value(serde_json::json!({
+        "lanes": [{"name": LANE, "reserve": {"max": workers.saturating_sub(1).max(1)}}, {"name": "batch"}],
+        "totalWorkers": workers,
+        "template": {},
+    }))
+    .expect("a LanePool spec with only the required fields");
+    let sizing = crate::sizing::PoolSizing::from_spec(&spec)
+        .expect("the defaults of a LanePool are valid for 2 workers or more");
+    let nanos = |d: &str| super::scenario::nanos(crate::duration::parse(d).unwrap_or_default());
+    Autoscale {
+        sizing,
+        interval: super::scenario::nanos(spec.interval.get().unwrap_or_default()),
+        rate_window: nanos(crate::controller::DEFAULT_RATE_WINDOW),
+        scrape_interval: SCRAPE_INTERVAL,
+        job_time_window: nanos(crate::controller::DEFAULT_JOB_TIME_WINDOW),
+        scrape_delay: 15_000_000_000,
+        pod_start: 10_000_000_000,
+    }
+}
+
+/// Prometheus's usual scrape interval: the recent arrival rate spans one.
+pub const SCRAPE_INTERVAL: Nanos = 15_000_000_000;

@@ -106,6 +106,12 @@ pub struct SimulateArgs {
     /// latency targets) and a per-phase oracle: urgent p99 against batch throughput.
     #[arg(long)]
     pub trade_off: bool,
+    /// Judge the autoscaled pool, with the defaults a LanePool gets when the user sets nothing,
+    /// on 14 traffic shapes × 3 seeds (20 minutes each, 10 workers): its urgent p99 and batch
+    /// throughput against the static splits' frontier and the hindsight oracle. Ignores the
+    /// other flags.
+    #[arg(long)]
+    pub suite: bool,
     /// Print the guide's 4 × 2 table, our figures beside the guide's.
     #[arg(long)]
     pub guide_table: bool,
@@ -125,14 +131,14 @@ pub struct SimulateArgs {
     /// How the pool's size is set with --autoscale.
     #[arg(long, value_enum, default_value = "budget")]
     pub pool_size: PoolSizeArg,
-    /// How often the operator measures and resizes.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// How often the operator measures and resizes (a LanePool's spec.interval).
+    #[arg(long, default_value = crate::api::DEFAULT_INTERVAL, value_parser = parse_duration)]
     pub interval: Duration,
     /// A reserve shrinks only to the highest recommendation inside this window.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = crate::api::DEFAULT_STABILIZATION_WINDOW, value_parser = parse_duration)]
     pub stabilization_window: Duration,
     /// Multiplies busy workers; more than 0, at most 10.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = crate::api::DEFAULT_HEADROOM)]
     pub headroom: f64,
     /// Fewest reserved workers.
     #[arg(long, default_value_t = 1)]
@@ -146,6 +152,10 @@ pub struct SimulateArgs {
     /// Trailing window of the arrival-rate query.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub rate_window: Duration,
+    /// How often Prometheus scrapes the workers: the recent arrival rate (irate) spans one
+    /// scrape interval. 0: no recent rate, the operator follows --rate-window alone.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub scrape_interval: Duration,
     /// Trailing window of the job-time query.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub job_time_window: Duration,
@@ -385,6 +395,7 @@ impl SimulateArgs {
             },
             interval: nanos(self.interval),
             rate_window: nanos(self.rate_window),
+            scrape_interval: nanos(self.scrape_interval),
             job_time_window: nanos(self.job_time_window),
             scrape_delay: nanos(self.scrape_delay),
             pod_start: nanos(self.pod_start),

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::cli::{OutputArg, SimulateArgs};
 use super::error::SimulateError;
-use super::{bench, engine, guide, plot, report, series, tradeoff};
+use super::{bench, engine, guide, plot, report, series, suite, tradeoff};
 
 fn write(path: &Path, contents: &str) -> Result<(), SimulateError> {
     std::fs::write(path, contents).map_err(|source| SimulateError::Write {
@@ -20,6 +20,12 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     }
     if args.bench {
         return Ok(bench::run());
+    }
+    if args.suite {
+        return Ok(suite::table(
+            suite::DURATION,
+            &super::autoscale::lanepool_defaults(suite::WORKERS),
+        ));
     }
     if args.trade_off {
         let scenario = SimulateArgs {

@@ -154,19 +154,18 @@ impl<'a> Engine<'a> {
         match self.pool.workers[id].state {
             State::Busy { lane, submitted } => {
                 self.finish(lane, submitted, at);
-                let start = self.pod_start();
-                let worker = &mut self.pool.workers[id];
-                if let Some(role) = worker.next.take() {
-                    worker.role = role;
-                    worker.state = State::Starting;
-                    self.schedule(at + start, id);
-                } else if worker.leaving {
-                    worker.state = State::Gone;
+                if self.pool.workers[id].leaving {
+                    self.pool.workers[id].state = State::Gone;
                 } else {
                     self.take_work(id, at);
                 }
             }
-            State::Starting => self.take_work(id, at),
+            State::Starting => {
+                if let Some(replaced) = self.pool.workers[id].replaces.take() {
+                    self.pool.remove(replaced, 1);
+                }
+                self.take_work(id, at)
+            }
             // A departed worker's start-up that no longer matters.
             State::Idle | State::Gone => {}
         }
@@ -223,16 +222,16 @@ impl<'a> Engine<'a> {
         }
         self.outcome.reserve_steps.push((at, reserve as u32));
         let reserve = reserve as usize;
-        let current = self.pool.count(Role::UrgentOnly);
+        let current = self.pool.target(Role::UrgentOnly);
         let unreserved = self.scenario.arrangement.unreserved_role();
         let starting = match size {
             PoolSize::Budget { .. } if reserve > current => {
                 self.pool
-                    .change_role(unreserved, Role::UrgentOnly, reserve - current)
+                    .surge(unreserved, Role::UrgentOnly, reserve - current)
             }
             PoolSize::Budget { .. } => {
                 self.pool
-                    .change_role(Role::UrgentOnly, unreserved, current - reserve)
+                    .surge(Role::UrgentOnly, unreserved, current - reserve)
             }
             PoolSize::Shared { .. } if reserve > current => {
                 let kept = self.pool.keep(Role::UrgentOnly, reserve - current);

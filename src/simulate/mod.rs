@@ -19,6 +19,7 @@ pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod series;
+pub mod suite;
 pub mod tradeoff;
 
 pub use engine::run;

@@ -1,5 +1,5 @@
-//! The workers and the two lanes: who is idle, who is busy with what, and how a worker changes
-//! role (finish the current job, then start up again) or leaves. No clock of its own: the
+//! The workers and the two lanes: who is idle, who is busy with what, and how workers move
+//! between roles (a new worker starts, and the one it replaces leaves once it is ready) or leave. No clock of its own: the
 //! engine tells it the time and schedules what it returns.
 
 use std::collections::VecDeque;
@@ -27,17 +27,17 @@ pub enum State {
 #[derive(Clone, Debug)]
 pub struct Worker {
     pub role: Role,
-    /// The role to take once the current job is done.
-    pub next: Option<Role>,
     /// Leave once the current job is done (a reserved pod scaled away).
     pub leaving: bool,
+    /// A new worker that, once ready, takes the place of one worker of this role (a surge).
+    pub replaces: Option<Role>,
     pub state: State,
 }
 
 impl Worker {
     /// The role this worker has or is heading for.
     pub fn committed(&self) -> Option<Role> {
-        (self.state != State::Gone && !self.leaving).then(|| self.next.unwrap_or(self.role))
+        (self.state != State::Gone && !self.leaving).then_some(self.role)
     }
 }
 
@@ -79,8 +79,8 @@ impl Pool {
     pub fn add(&mut self, role: Role, state: State) -> usize {
         self.workers.push(Worker {
             role,
-            next: None,
             leaving: false,
+            replaces: None,
             state,
         });
         self.workers.len() - 1
@@ -113,47 +113,41 @@ impl Pool {
             .count()
     }
 
-    /// Moves up to `how_many` workers from `from` to `to`, cheapest first: a pending change
-    /// back to `to` is cancelled, then idle and starting workers move, then busy ones are told
-    /// to move after their job. Returns the workers that must now start up.
-    pub fn change_role(&mut self, from: Role, to: Role, how_many: usize) -> Vec<usize> {
-        let mut starting = Vec::new();
+    /// Workers committed to `role` once every surge under way is over: those replaced by a
+    /// starting worker are not counted.
+    pub fn target(&self, role: Role) -> usize {
+        let replaced = self
+            .workers
+            .iter()
+            .filter(|w| w.committed().is_some() && w.replaces == Some(role))
+            .count();
+        self.count(role).saturating_sub(replaced)
+    }
+
+    /// Moves `how_many` workers from `from` to `to` without ever lowering either role's capacity
+    /// first (a surge): a surge under way the other way is cancelled, otherwise a new `to`
+    /// worker starts, and one `from` worker leaves only when it is ready. Returns the workers
+    /// that must now start up.
+    pub fn surge(&mut self, from: Role, to: Role, how_many: usize) -> Vec<usize> {
         let mut left = how_many;
-        for pass in 0..3 {
-            for id in (0..self.workers.len()).rev() {
-                if left == 0 {
-                    return starting;
-                }
-                let w = &self.workers[id];
-                if w.committed() != Some(from) {
-                    continue;
-                }
-                let picked = match (pass, w.state) {
-                    (0, _) => w.next == Some(from) && w.role == to,
-                    (1, State::Idle | State::Starting) => true,
-                    (2, State::Busy { .. }) => true,
-                    _ => false,
-                };
-                if !picked {
-                    continue;
-                }
+        for id in (0..self.workers.len()).rev() {
+            let w = &self.workers[id];
+            if left > 0
+                && w.state == State::Starting
+                && w.committed() == Some(from)
+                && w.replaces == Some(to)
+            {
+                self.workers[id].state = State::Gone;
                 left -= 1;
-                match self.workers[id].state {
-                    State::Idle => {
-                        self.leave_idle(id);
-                        self.workers[id].role = to;
-                        self.workers[id].state = State::Starting;
-                        starting.push(id);
-                    }
-                    State::Starting => self.workers[id].role = to,
-                    _ => {
-                        let w = &mut self.workers[id];
-                        w.next = (w.role != to).then_some(to);
-                    }
-                }
             }
         }
-        starting
+        (0..left)
+            .map(|_| {
+                let id = self.add(to, State::Starting);
+                self.workers[id].replaces = Some(from);
+                id
+            })
+            .collect()
     }
 
     /// Removes up to `how_many` workers of `role`: idle and starting ones at once, busy ones
@@ -190,11 +184,49 @@ impl Pool {
             if kept == how_many {
                 break;
             }
-            if w.leaving && w.state != State::Gone && w.next.unwrap_or(w.role) == role {
+            if w.leaving && w.state != State::Gone && w.role == role {
                 w.leaving = false;
                 kept += 1;
             }
         }
         kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(reserved: usize, shared: usize) -> Pool {
+        let mut pool = Pool::default();
+        for _ in 0..reserved {
+            pool.add(Role::UrgentOnly, State::Idle);
+        }
+        for _ in 0..shared {
+            pool.add(Role::UrgentFirst, State::Idle);
+        }
+        pool
+    }
+
+    #[test]
+    fn a_surge_keeps_the_replaced_workers_until_the_new_ones_are_ready() {
+        let mut pool = pool(1, 9);
+        let starting = pool.surge(Role::UrgentFirst, Role::UrgentOnly, 2);
+        assert_eq!(starting.len(), 2);
+        // Nobody has left yet: 9 shared workers still take jobs.
+        assert_eq!(pool.count(Role::UrgentFirst), 9);
+        assert_eq!(pool.target(Role::UrgentFirst), 7);
+        assert_eq!(pool.target(Role::UrgentOnly), 3);
+    }
+
+    #[test]
+    fn a_surge_the_other_way_cancels_one_under_way() {
+        let mut pool = pool(1, 9);
+        pool.surge(Role::UrgentFirst, Role::UrgentOnly, 2);
+        let starting = pool.surge(Role::UrgentOnly, Role::UrgentFirst, 1);
+        assert!(starting.is_empty());
+        assert_eq!(pool.target(Role::UrgentOnly), 2);
+        assert_eq!(pool.target(Role::UrgentFirst), 8);
+        assert_eq!(pool.count(Role::UrgentFirst), 9);
     }
 }

@@ -75,64 +75,90 @@ pub fn autoscaled(base: &Scenario, config: &Autoscale) -> Vec<Point> {
         .collect()
 }
 
-/// For each phase, the smallest static split whose p99 in that phase meets the target (the
-/// one with the lowest p99 when none does), chosen knowing the whole run.
+/// Every static split run on each phase of a profile alone, so that the best split per phase
+/// can be picked in hindsight. An upper bound, not a policy: it switches at each phase boundary
+/// with no delay and no role-change cost.
+pub struct Oracle {
+    /// runs[phase][reserved] = (latencies, batch completed, phase length)
+    runs: Vec<Vec<(Vec<Nanos>, u64, Nanos)>>,
+}
+
+impl Oracle {
+    pub fn new(base: &Scenario) -> Self {
+        let end = base.duration as f64 / 1e9;
+        let runs = base
+            .profile
+            .phases(end)
+            .iter()
+            .enumerate()
+            .map(|(i, (from, to, rate))| {
+                let length = ((to - from) * 1e9).round() as Nanos;
+                (0..base.workers)
+                    .map(|reserved| {
+                        let outcome = run(&Scenario {
+                            reserved,
+                            autoscale: None,
+                            profile: RateProfile::constant(*rate),
+                            duration: length,
+                            window: length,
+                            seed: base.seed.wrapping_add(i as u64),
+                            ..base.clone()
+                        });
+                        (outcome.urgent_latencies, outcome.batch_completed, length)
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { runs }
+    }
+
+    /// For each phase, the smallest static split whose p99 in that phase meets `target_ms`
+    /// (the one with the lowest p99 when none does).
+    pub fn point(&self, target_ms: f64) -> Point {
+        let mut latencies = Vec::new();
+        let (mut batch, mut submitted, mut reserve_time, mut total) = (0, 0, 0.0, 0);
+        for phase in &self.runs {
+            let p99 = |r: &(Vec<Nanos>, u64, Nanos)| {
+                summarize(&r.0, 0, 0, 1).p99_ms.unwrap_or(f64::INFINITY)
+            };
+            let chosen = phase
+                .iter()
+                .position(|r| p99(r) <= target_ms)
+                .unwrap_or_else(|| {
+                    (0..phase.len())
+                        .min_by(|a, b| p99(&phase[*a]).total_cmp(&p99(&phase[*b])))
+                        .unwrap_or(0)
+                });
+            let (lat, done, length) = &phase[chosen];
+            latencies.extend_from_slice(lat);
+            submitted += lat.len() as u64;
+            batch += done;
+            reserve_time += chosen as f64 * *length as f64;
+            total += length;
+        }
+        point(
+            format!("oracle p99≤{target_ms}ms"),
+            summarize(&latencies, submitted, batch, total),
+            reserve_time / total.max(1) as f64,
+        )
+    }
+
+    /// The oracle's batch throughput at `p99_ms`, read off its curve over targets from 20 ms to
+    /// 200 ms (as the static frontier is read off the splits); `None` when it is never that fast.
+    pub fn batch_at(&self, p99_ms: f64) -> Option<f64> {
+        let curve: Vec<Point> = (0..=45)
+            .map(|i| self.point(20.0 * 10f64.powf(f64::from(i) / 45.0)))
+            .collect();
+        super::suite::frontier(&curve, p99_ms)
+    }
+}
+
+/// The oracle at each of [`TARGETS_MS`].
 pub fn oracle(base: &Scenario) -> Vec<Point> {
-    let end = base.duration as f64 / 1e9;
-    // runs[phase][reserved] = (latencies, batch completed, phase length)
-    let runs: Vec<Vec<(Vec<Nanos>, u64, Nanos)>> = base
-        .profile
-        .phases(end)
-        .iter()
-        .enumerate()
-        .map(|(i, (from, to, rate))| {
-            let length = ((to - from) * 1e9).round() as Nanos;
-            (0..base.workers)
-                .map(|reserved| {
-                    let outcome = run(&Scenario {
-                        reserved,
-                        autoscale: None,
-                        profile: RateProfile::constant(*rate),
-                        duration: length,
-                        window: length,
-                        seed: base.seed.wrapping_add(i as u64),
-                        ..base.clone()
-                    });
-                    (outcome.urgent_latencies, outcome.batch_completed, length)
-                })
-                .collect()
-        })
-        .collect();
+    let oracle = Oracle::new(base);
     TARGETS_MS
         .iter()
-        .map(|target| {
-            let mut latencies = Vec::new();
-            let (mut batch, mut submitted, mut reserve_time, mut total) = (0, 0, 0.0, 0);
-            for phase in &runs {
-                let p99 = |r: &(Vec<Nanos>, u64, Nanos)| {
-                    summarize(&r.0, 0, 0, 1).p99_ms.unwrap_or(f64::INFINITY)
-                };
-                let chosen = phase
-                    .iter()
-                    .position(|r| p99(r) <= *target)
-                    .unwrap_or_else(|| {
-                        (0..phase.len())
-                            .min_by(|a, b| p99(&phase[*a]).total_cmp(&p99(&phase[*b])))
-                            .unwrap_or(0)
-                    });
-                let (lat, done, length) = &phase[chosen];
-                latencies.extend_from_slice(lat);
-                submitted += lat.len() as u64;
-                batch += done;
-                reserve_time += chosen as f64 * *length as f64;
-                total += length;
-            }
-            point(
-                format!("oracle p99≤{target}ms"),
-                summarize(&latencies, submitted, batch, total),
-                reserve_time / total.max(1) as f64,
-            )
-        })
+        .map(|target| oracle.point(*target))
         .collect()
 }
 

@@ -31,6 +31,7 @@ fn loads(rate: f64, job: f64) -> BTreeMap<String, std::result::Result<LaneLoad, 
         "urgent".to_string(),
         Ok(LaneLoad {
             arrival_rate: rate,
+            recent_arrival_rate: None,
             job_seconds: Some(job),
         }),
     )])
@@ -131,6 +132,7 @@ fn a_job_time_fallback_covers_a_window_without_finished_jobs() {
         load,
         Ok(LaneLoad {
             arrival_rate: 30.0,
+            recent_arrival_rate: None,
             job_seconds: Some(0.02)
         })
     );
@@ -340,8 +342,14 @@ proptest! {
         // Once it moves toward the recommendation it never turns back.
         let changes = seen.windows(2).filter(|w| w[0] != w[1]).count();
         prop_assert!(changes <= 1, "reserve changed {} times: {:?}", changes, seen);
+        // It settles on a reserve the rate asks for within the tolerance: the one nearest to
+        // where it started.
+        let (min, max) = (sizing.lanes[0].min, sizing.lanes[0].max);
+        let bound = |r: f64| formula(r, job, sizing.headroom).1.clamp(min, max);
+        let (low, high) = (bound(rate / (1.0 + TOLERANCE)), bound(rate * (1.0 + TOLERANCE)));
         let last = *seen.last().unwrap();
-        prop_assert_eq!(last, formula(rate, job, sizing.headroom).1.clamp(sizing.lanes[0].min, sizing.lanes[0].max));
+        prop_assert!(low <= last && last <= high, "{:?} not in {}..={}", seen, low, high);
+        prop_assert_eq!(last, start.clamp(min, max).clamp(low, high));
     }
 }
 
@@ -390,4 +398,154 @@ fn a_latency_target_in_the_spec_becomes_the_lanes_rule() {
     pool.spec.lanes[0].reserve.as_mut().unwrap().target_p99 = None;
     let error = PoolSizing::from_spec(&pool.spec).unwrap_err().to_string();
     assert!(error.contains("spec.lanes[0].reserve.targetP99"), "{error}");
+}
+
+fn with_recent(
+    rate: f64,
+    recent: f64,
+    job: f64,
+) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
+    BTreeMap::from([(
+        "urgent".to_string(),
+        Ok(LaneLoad {
+            arrival_rate: rate,
+            recent_arrival_rate: Some(recent),
+            job_seconds: Some(job),
+        }),
+    )])
+}
+
+#[test]
+fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
+    let sizing = pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    );
+    // A spike the 1 m window has barely seen: the last scrape interval says 150/s.
+    let up = at(
+        &sizing,
+        &with_recent(40.0, 150.0, 0.02),
+        Some(&replicas(1, 9)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(up.lanes[0].reserve, 5);
+    assert!(
+        up.lanes[0].explanation.contains("150/s (recent)"),
+        "{}",
+        up.lanes[0].explanation
+    );
+    // And it is over while the long window still remembers it.
+    let down = at(
+        &sizing,
+        &with_recent(120.0, 30.0, 0.02),
+        Some(&up.replicas()),
+        &up.history,
+        10,
+    );
+    assert_eq!(down.lanes[0].reserve, 1);
+}
+
+#[test]
+fn without_a_recent_rate_the_long_window_decides() {
+    let sizing = pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    );
+    let decision = at(
+        &sizing,
+        &loads(150.0, 0.02),
+        Some(&replicas(1, 9)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(decision.lanes[0].reserve, 5);
+    assert!(!decision.lanes[0].explanation.contains("recent"));
+}
+
+#[test]
+fn a_change_inside_the_tolerance_is_not_made() {
+    let sizing = pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    );
+    // 1.5 × 20 ms × 36/s = 1.08: 2 by the ceiling, but within 10 % of the 1 running.
+    let kept = at(
+        &sizing,
+        &loads(36.0, 0.02),
+        Some(&replicas(1, 9)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(kept.lanes[0].reserve, 1);
+    assert!(
+        kept.lanes[0]
+            .explanation
+            .contains("within the 10% tolerance"),
+        "{}",
+        kept.lanes[0].explanation
+    );
+    // 1.5 × 20 ms × 40/s = 1.2: more than 10 % above 1, so it grows.
+    let grown = at(
+        &sizing,
+        &loads(40.0, 0.02),
+        Some(&replicas(1, 9)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(grown.lanes[0].reserve, 2);
+    // Running 2, 0.95 asks for 1 but 0.95 × 1.1 still asks for 2: kept.
+    let held = at(
+        &sizing,
+        &loads(31.7, 0.02),
+        Some(&replicas(2, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(held.lanes[0].reserve, 2);
+    let shrunk = at(
+        &sizing,
+        &loads(25.0, 0.02),
+        Some(&replicas(2, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(shrunk.lanes[0].reserve, 1);
+    // Without a current count (a new pool) the ceiling stands.
+    let new = at(&sizing, &loads(36.0, 0.02), None, &History::new(), 0);
+    assert_eq!(new.lanes[0].reserve, 2);
+}
+
+proptest! {
+    #[test]
+    fn rate_noise_around_an_integer_boundary_never_flaps(
+        noise in prop::collection::vec(-0.05f64..0.05, 1..40),
+        boundary in 1i32..5,
+    ) {
+        // 10/s × 50 ms × 2 = 1.0 per boundary unit: the rate read back is off by up to 5 %.
+        let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
+        sizing.headroom = 2.0;
+        let rate = 10.0 * f64::from(boundary);
+        let mut decision = at(&sizing, &loads(rate, 0.05), None, &History::new(), 0);
+        let first = decision.lanes[0].reserve;
+        for (i, n) in noise.iter().enumerate() {
+            decision = at(
+                &sizing,
+                &with_recent(rate, rate * (1.0 + n), 0.05),
+                Some(&decision.replicas()),
+                &decision.history,
+                10 * (i as u64 + 1),
+            );
+            prop_assert_eq!(decision.lanes[0].reserve, first);
+        }
+    }
 }

@@ -7,6 +7,7 @@ mod control_plane;
 mod operator;
 mod process;
 mod prometheus;
+mod readiness;
 mod worker_metrics;
 
 use std::net::TcpListener;
@@ -16,6 +17,7 @@ pub use control_plane::{ControlPlane, shared, unique_name};
 pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::TestPrometheus;
+pub use readiness::DeploymentReadiness;
 pub use worker_metrics::SimulatedWorkers;
 
 /// Why the control plane could not start.

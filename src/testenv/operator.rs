@@ -18,16 +18,28 @@ pub struct InProcessOperator {
 }
 
 impl InProcessOperator {
-    /// Starts the controller; Prometheus queries use 5 s windows so tests react in seconds.
+    /// Starts the controller with [`Self::settings`].
     pub fn start(client: Client, namespaces: Vec<String>, prometheus_url: String) -> Self {
-        let settings = Settings {
+        Self::start_with(client, namespaces, Self::settings(prometheus_url))
+    }
+
+    /// The settings of a test operator: Prometheus queries use 5 s windows (and no recent
+    /// window) so tests react in seconds.
+    pub fn settings(prometheus_url: String) -> Settings {
+        Settings {
             default_prometheus_url: Some(prometheus_url),
             windows: QueryWindows {
                 arrival_rate: "5s".into(),
+                recent_arrival_rate: None,
                 job_time: "5s".into(),
             },
             write_timeout: Duration::from_secs(10),
-        };
+            surge_timeout: crate::controller::DEFAULT_SURGE_TIMEOUT,
+        }
+    }
+
+    /// Starts the controller with these settings.
+    pub fn start_with(client: Client, namespaces: Vec<String>, settings: Settings) -> Self {
         let ctx = Arc::new(Context::new(client, Arc::new(Metrics::default()), settings));
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = futures::FutureExt::shared(Box::pin(async move {
