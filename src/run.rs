@@ -52,6 +52,11 @@ pub struct RunArgs {
     #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::controller::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = promql_duration)]
     pub recent_rate_lookback: String,
 
+    /// How often Prometheus scrapes the workers: the span of the recent rate. A rate counted
+    /// over few arrivals needs a wider tolerance before the reserve follows it.
+    #[arg(long, env = "LANEPOOL_SCRAPE_INTERVAL", default_value = "15s", value_parser = duration_flag)]
+    pub scrape_interval: Duration,
+
     /// Trailing window of the default job-time query.
     #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = crate::controller::DEFAULT_JOB_TIME_WINDOW, value_parser = promql_duration)]
     pub job_time_window: String,
@@ -161,6 +166,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         windows: QueryWindows {
             arrival_rate: args.rate_window.clone(),
             recent_arrival_rate: Some(args.recent_rate_lookback.clone()),
+            scrape_interval: args.scrape_interval,
             job_time: args.job_time_window.clone(),
         },
         surge_timeout: args.surge_timeout,

@@ -69,21 +69,35 @@ pub(super) struct SurgeStep {
     pub(super) waiting: bool,
 }
 
-/// Where the Deployments are on the way to `decided`: see [`surge::step`].
+/// Where the Deployments are on the way to `decided`: see [`surge::step`]. A shrink starts from
+/// what this process applied last (`own`), so a count someone else set is restored at once
+/// rather than waited on; after a restart, from the Deployments.
 pub(super) fn surge_step(
     pool: &LanePool,
     existing: &BTreeMap<String, Deployment>,
     decided: &Replicas,
+    own: Option<&Replicas>,
     waited: Option<std::time::Duration>,
     timeout: std::time::Duration,
 ) -> SurgeStep {
     let roles = pool_roles(pool, decided);
+    let own: BTreeMap<String, i32> = own
+        .map(|own| pool_roles(pool, own))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
+        .collect();
     let counts: Vec<surge::Counts> = roles
         .iter()
-        .map(|(name, _, target)| surge::Counts {
-            target: *target,
-            live: existing.get(name).and_then(spec_replicas),
-            ready: existing.get(name).map_or(0, ready_replicas),
+        .map(|(name, _, target)| {
+            let deployment = existing.get(name);
+            surge::Counts {
+                target: *target,
+                live: deployment
+                    .and(own.get(name).copied())
+                    .or_else(|| deployment.and_then(spec_replicas)),
+                ready: deployment.map_or(0, ready_replicas),
+            }
         })
         .collect();
     let step = surge::step(&counts, waited, timeout);

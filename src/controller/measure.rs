@@ -35,6 +35,8 @@ pub struct QueryWindows {
     /// The lookback of the recent arrival rate (`irate`: the last scrape interval), such as
     /// "1m"; `None`: not asked.
     pub recent_arrival_rate: Option<String>,
+    /// How often Prometheus scrapes the workers: the span of the recent rate, for its noise.
+    pub scrape_interval: Duration,
     /// For the mean job time, such as "5m".
     pub job_time: String,
 }
@@ -167,6 +169,7 @@ pub fn client(connection: &Connection) -> Result<prometheus_http_query::Client> 
 pub async fn measure(
     prometheus: &prometheus_http_query::Client,
     lanes: &[LaneQueries],
+    scrape_interval: Duration,
     metrics: &Metrics,
 ) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
     let mut loads = BTreeMap::new();
@@ -178,6 +181,7 @@ pub async fn measure(
             // Without an answer (fewer than two samples yet) the long window decides alone.
             let answer = query(prometheus, recent, metrics).await;
             load.recent_arrival_rate = single_value("recent arrival rate", &answer).ok();
+            load.recent_window = scrape_interval;
         }
         loads.insert(lane.lane.clone(), load);
     }
@@ -243,7 +247,13 @@ pub(super) async fn measure_pool(
             }
         }
     };
-    Ok(measure(&client, &queries, &ctx.metrics).await)
+    Ok(measure(
+        &client,
+        &queries,
+        ctx.settings.windows.scrape_interval,
+        &ctx.metrics,
+    )
+    .await)
 }
 
 async fn connection(pool: &LanePool, ctx: &Context) -> Result<Option<Connection>> {
@@ -311,6 +321,7 @@ mod tests {
         QueryWindows {
             arrival_rate: "1m".into(),
             recent_arrival_rate: Some("1m".into()),
+            scrape_interval: Duration::from_secs(15),
             job_time: "5m".into(),
         }
     }

@@ -191,6 +191,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         pool,
         &existing,
         &replicas,
+        memory.applied.as_ref(),
         memory.surge_since.map(|since| now.saturating_sub(since)),
         ctx.settings.surge_timeout,
     );

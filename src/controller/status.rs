@@ -186,6 +186,7 @@ mod tests {
             Ok(LaneLoad {
                 arrival_rate: 92.0,
                 recent_arrival_rate: None,
+                recent_window: Duration::ZERO,
                 job_seconds: Some(0.021),
             }),
         )]);

@@ -32,6 +32,7 @@ impl Control {
         let load = LaneLoad {
             arrival_rate: rate,
             recent_arrival_rate: None,
+            recent_window: Duration::ZERO,
             job_seconds: Some(job_seconds),
         };
         let decision = control.decide(Ok(load), None, 0);
@@ -49,6 +50,7 @@ impl Control {
                 recent_arrival_rate: (c.scrape_interval > 0)
                     .then(|| observed.arrival_rate(now, c.scrape_interval, c.scrape_delay))
                     .flatten(),
+                recent_window: Duration::from_nanos(c.scrape_interval),
                 // The LanePool would set jobTime.fallback to the known job time.
                 job_seconds: Some(
                     observed

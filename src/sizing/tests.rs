@@ -32,6 +32,7 @@ fn loads(rate: f64, job: f64) -> BTreeMap<String, std::result::Result<LaneLoad, 
         Ok(LaneLoad {
             arrival_rate: rate,
             recent_arrival_rate: None,
+            recent_window: Duration::ZERO,
             job_seconds: Some(job),
         }),
     )])
@@ -133,6 +134,7 @@ fn a_job_time_fallback_covers_a_window_without_finished_jobs() {
         Ok(LaneLoad {
             arrival_rate: 30.0,
             recent_arrival_rate: None,
+            recent_window: Duration::ZERO,
             job_seconds: Some(0.02)
         })
     );
@@ -410,6 +412,7 @@ fn with_recent(
         Ok(LaneLoad {
             arrival_rate: rate,
             recent_arrival_rate: Some(recent),
+            recent_window: Duration::from_secs(15),
             job_seconds: Some(job),
         }),
     )])
@@ -441,7 +444,7 @@ fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
     // And it is over while the long window still remembers it.
     let down = at(
         &sizing,
-        &with_recent(120.0, 30.0, 0.02),
+        &with_recent(120.0, 25.0, 0.02),
         Some(&up.replicas()),
         &up.history,
         10,
@@ -548,4 +551,48 @@ proptest! {
             prop_assert_eq!(decision.lanes[0].reserve, first);
         }
     }
+}
+
+#[test]
+fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
+    let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
+    sizing.headroom = 1.0;
+    sizing.lanes[0].max = 20;
+    let rate = |window_secs: u64| {
+        BTreeMap::from([(
+            "urgent".to_string(),
+            Ok(LaneLoad {
+                arrival_rate: 5.0,
+                recent_arrival_rate: Some(5.9),
+                recent_window: Duration::from_secs(window_secs),
+                job_seconds: Some(1.0),
+            }),
+        )])
+    };
+    // 5.9/s over 15 s is 88 arrivals: ±21 % at two standard deviations, and 5.9/s moved back
+    // by that (4.9/s) asks for the 5 running.
+    let noisy = at(
+        &sizing,
+        &rate(15),
+        Some(&replicas(5, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(noisy.lanes[0].reserve, 5);
+    assert!(
+        noisy.lanes[0]
+            .explanation
+            .contains("within the 21% tolerance"),
+        "{}",
+        noisy.lanes[0].explanation
+    );
+    // Over 5 minutes the same rate is 1,770 arrivals: the 10 % tolerance, and it grows.
+    let counted = at(
+        &sizing,
+        &rate(300),
+        Some(&replicas(5, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(counted.lanes[0].reserve, 6);
 }

@@ -31,6 +31,8 @@ impl InProcessOperator {
             windows: QueryWindows {
                 arrival_rate: "5s".into(),
                 recent_arrival_rate: None,
+                // The test Prometheus scrapes every second.
+                scrape_interval: Duration::from_secs(1),
                 job_time: "5s".into(),
             },
             write_timeout: Duration::from_secs(10),
