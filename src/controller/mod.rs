@@ -2,8 +2,9 @@
 //! Deployments; **validate** the spec into sizing settings; **measure** the reserve lanes in
 //! Prometheus (only when the interval has passed or the spec changed: Deployment events in
 //! between re-apply the last decision without querying); **decide** with the pure sizing
-//! decision; **apply** the Deployments by server-side apply, restoring replicas anyone else
-//! changed; **report** status (only when it changed), conditions and events. Only `decide` is
+//! decision; **apply** the Deployments by server-side apply as a surge (growing ones at once,
+//! shrinking ones once the others are ready), restoring replicas anyone else changed; **report**
+//! status (only when it changed), conditions and events. Only `decide` and the surge step are
 //! free of I/O. Errors the CRD cannot catch (a missing Secret, a template the API server
 //! refuses) set Ready=False and are retried with backoff, without touching other pools.
 
