@@ -337,6 +337,10 @@ pub struct LaneStatus {
     /// Jobs per second as a number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrival_rate_per_second: Option<f64>,
+    /// Jobs per second over the last scrape interval ("148/s"), which the reserve follows;
+    /// absent for custom queries and before Prometheus has two samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_arrival_rate: Option<String>,
     /// Mean job time as measured ("20.4ms").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_time: Option<String>,

@@ -574,6 +574,18 @@ async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_t
             })
         })
         .await;
+    let lanes = world
+        .pool()
+        .await
+        .status
+        .map(|s| s.lanes)
+        .unwrap_or_default();
+    assert!(
+        lanes
+            .first()
+            .is_some_and(|l| l.recent_arrival_rate.is_some()),
+        "status shows the recent rate: {lanes:?}"
+    );
     eprintln!(
         "30/s → 150/s: 5 reserved and 5 shared after {:.1} s",
         grew.as_secs_f64()

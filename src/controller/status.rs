@@ -143,6 +143,9 @@ fn lane_status(lane: &LaneDecision) -> LaneStatus {
         name: lane.name.clone(),
         arrival_rate: load.map(|l| format!("{}/s", trim(l.arrival_rate))),
         arrival_rate_per_second: load.map(|l| round(l.arrival_rate)),
+        recent_arrival_rate: load
+            .and_then(|l| l.recent_arrival_rate)
+            .map(|r| format!("{}/s", trim(r))),
         job_time: load
             .and_then(|l| l.job_seconds)
             .map(|j| human_seconds(j).replace(' ', "")),
@@ -202,6 +205,32 @@ mod tests {
         assert_eq!(
             scale_note(&decision.lanes[0], Some(1)),
             "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9"
+        );
+        assert_eq!(lane_status(&decision.lanes[0]).recent_arrival_rate, None);
+        let recent = BTreeMap::from([(
+            "urgent".to_string(),
+            Ok(LaneLoad {
+                arrival_rate: 92.0,
+                recent_arrival_rate: Some(148.4),
+                recent_window: Duration::from_secs(15),
+                job_seconds: Some(0.021),
+            }),
+        )]);
+        let rising = decide(
+            &sizing,
+            Inputs {
+                loads: &recent,
+                current: None,
+                history: &History::new(),
+                now: Duration::ZERO,
+            },
+        );
+        let status = lane_status(&rising.lanes[0]);
+        assert_eq!(status.recent_arrival_rate.as_deref(), Some("148/s"));
+        assert_eq!(status.arrival_rate.as_deref(), Some("92/s"));
+        assert_eq!(
+            scale_note(&rising.lanes[0], Some(3)),
+            "reserved urgent 3 → 5: 148/s (recent) × 21 ms × 1.5 = 4.67"
         );
         let unmeasured = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
         let held = decide(
