@@ -108,6 +108,11 @@ pub fn parse(value: &str) -> Result<Duration, InvalidDuration> {
 }
 
 /// Formats seconds the way the guide writes job times: "20 ms", "1.5 s".
+/// [`parse`] as a clap `value_parser`: the error as text, for clap to name the flag.
+pub fn flag(value: &str) -> Result<Duration, String> {
+    parse(value).map_err(|e| e.to_string())
+}
+
 pub fn human_seconds(seconds: f64) -> String {
     if seconds < 1.0 {
         format!("{} ms", trim(seconds * 1e3))

@@ -36,7 +36,7 @@ struct PlanArgs {
     #[arg(long, value_name = "JOBS_PER_SECOND")]
     urgent_rate: f64,
     /// The urgent lane's mean job time, such as 20ms or 1.5s.
-    #[arg(long, value_name = "DURATION", value_parser = parse_job_time)]
+    #[arg(long, value_name = "DURATION", value_parser = duration::flag)]
     job_time: std::time::Duration,
     /// Multiplies busy workers to leave room for bursts (a LanePool's default: 1); more than 0,
     /// at most 10.
@@ -50,10 +50,6 @@ struct PlanArgs {
     max: Option<i32>,
     #[command(flatten)]
     sweep: lanepool::plan::SweepArgs,
-}
-
-fn parse_job_time(value: &str) -> Result<std::time::Duration, String> {
-    duration::parse(value).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

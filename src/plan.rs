@@ -21,10 +21,10 @@ pub struct SweepArgs {
     #[arg(long, default_value = "100..300")]
     pub batch_ms: String,
     /// Recommend the reserve with the most batch throughput whose predicted p99 meets this.
-    #[arg(long, value_parser = |v: &str| crate::duration::parse(v).map_err(|e| e.to_string()))]
+    #[arg(long, value_parser = crate::duration::flag)]
     pub target_p99: Option<Duration>,
     /// Simulated time per reserve.
-    #[arg(long, default_value = "2m", value_parser = |v: &str| crate::duration::parse(v).map_err(|e| e.to_string()))]
+    #[arg(long, default_value = "2m", value_parser = crate::duration::flag)]
     pub sweep_duration: Duration,
 }
 

@@ -84,7 +84,7 @@ pub struct RunArgs {
     /// How long a shrinking Deployment waits for the growing ones to be ready (a surge: when
     /// the reserve grows, shared workers leave only once the new reserved workers are ready);
     /// 0 shrinks at once.
-    #[arg(long, env = "LANEPOOL_SURGE_TIMEOUT", default_value = "2m", value_parser = surge_timeout)]
+    #[arg(long, env = "LANEPOOL_SURGE_TIMEOUT", default_value = "2m", value_parser = duration::flag)]
     pub surge_timeout: Duration,
 }
 
@@ -102,10 +102,6 @@ fn duration_flag(value: &str) -> Result<Duration, String> {
         Ok(_) => Err("must be more than 0".into()),
         Err(e) => Err(e.to_string()),
     }
-}
-
-fn surge_timeout(value: &str) -> Result<Duration, String> {
-    crate::duration::parse(value).map_err(|e| e.to_string())
 }
 
 /// A window PromQL accepts: a whole number of seconds, minutes or hours.

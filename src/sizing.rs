@@ -48,18 +48,29 @@ pub enum UnavailablePolicy {
 }
 
 /// A reserve lane's measured load.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LaneLoad {
-    /// Jobs per second over the long window: what the reserve shrinks to.
+    /// Jobs per second over the long window: what the reserve follows without a recent rate.
     pub arrival_rate: f64,
-    /// Jobs per second over the short window, seen sooner after a rise: the reserve grows to it
-    /// at once. `None` when not measured (a custom query, or too few samples yet).
-    pub recent_arrival_rate: Option<f64>,
-    /// How long the recent rate counts arrivals over (one scrape interval), for its noise; zero
-    /// when unknown.
-    pub recent_window: Duration,
+    /// The rate over the last scrape interval, which the reserve follows both ways. `None` when
+    /// not measured (a custom query, or too few samples yet).
+    pub recent_arrival_rate: Option<RecentRate>,
     /// Mean job time in seconds; `None` only when the rate is zero and no job ran.
     pub job_seconds: Option<f64>,
+}
+
+/// An arrival rate counted over a short window, and that window (for its noise).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecentRate {
+    pub per_second: f64,
+    pub window: Duration,
+}
+
+impl RecentRate {
+    /// How many arrivals the rate was counted from.
+    fn counted(self) -> f64 {
+        self.per_second * self.window.as_secs_f64()
+    }
 }
 
 /// A query's answer as plain numbers, one per series, or the reason there is none.
@@ -321,7 +332,6 @@ pub fn lane_load(
     Ok(LaneLoad {
         arrival_rate: rate,
         recent_arrival_rate: None,
-        recent_window: Duration::ZERO,
         job_seconds: job,
     })
 }
@@ -478,25 +488,18 @@ fn measured(
     let job = load.job_seconds.unwrap_or(0.0);
     // The recent rate (the last scrape interval) is seen up to a window sooner than the long
     // one, both when a spike starts and when it ends; the long rate stands in without it.
-    let (rate, recent) = match load.recent_arrival_rate {
-        Some(recent) => (recent, true),
-        None => (load.arrival_rate, false),
-    };
+    let rate = load
+        .recent_arrival_rate
+        .map_or(load.arrival_rate, |r| r.per_second);
     let (needed, mut ceiling) = reserve_for(sizing, lane, rate, job);
     // Move only when the rate, moved back by the tolerance, still asks for the change. A rate
     // counted over few arrivals is noisier than 10 %: then the tolerance is two standard
     // deviations of its Poisson count (75 arrivals: 23 %).
-    let counted = if recent {
-        rate * load.recent_window.as_secs_f64()
-    } else {
-        0.0
-    };
-    let tolerance = if counted > 0.0 {
-        TOLERANCE
+    let tolerance = match load.recent_arrival_rate.map(RecentRate::counted) {
+        Some(counted) if counted > 0.0 => TOLERANCE
             .max(NOISE_SIGMAS / counted.sqrt())
-            .min(MOST_TOLERANCE)
-    } else {
-        TOLERANCE
+            .min(MOST_TOLERANCE),
+        _ => TOLERANCE,
     };
     let mut tolerated = None;
     if let Some(current) = current {
@@ -540,7 +543,7 @@ fn measured(
     let highest = past.iter().map(|r| r.reserve).max().unwrap_or(recommended);
     let reserve = highest.clamp(lane.min, lane.max);
 
-    let shown_rate = if recent {
+    let shown_rate = if load.recent_arrival_rate.is_some() {
         format!("{}/s (recent)", trim(rate))
     } else {
         format!("{}/s", trim(rate))

@@ -70,7 +70,6 @@ fn exported() -> String {
         Ok(LaneLoad {
             arrival_rate: 30.0,
             recent_arrival_rate: None,
-            recent_window: Duration::ZERO,
             job_seconds: Some(0.02),
         }),
     )]);

@@ -55,6 +55,16 @@ fn spec_replicas(deployment: &Deployment) -> Option<i32> {
     deployment.spec.as_ref()?.replicas
 }
 
+/// Replica counts by Deployment name; empty without counts.
+fn counts_by_name(pool: &LanePool, replicas: Option<&Replicas>) -> BTreeMap<String, i32> {
+    replicas
+        .map(|r| pool_roles(pool, r))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
+        .collect()
+}
+
 fn ready_replicas(deployment: &Deployment) -> i32 {
     deployment
         .status
@@ -81,12 +91,7 @@ pub(super) fn surge_step(
     timeout: std::time::Duration,
 ) -> SurgeStep {
     let roles = pool_roles(pool, decided);
-    let own: BTreeMap<String, i32> = own
-        .map(|own| pool_roles(pool, own))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _, count)| (name, count))
-        .collect();
+    let own = counts_by_name(pool, own);
     let counts: Vec<surge::Counts> = roles
         .iter()
         .map(|(name, _, target)| {
@@ -127,12 +132,7 @@ pub(super) async fn apply_deployments(
     let desired = worker_deployments(pool, replicas);
     // What this operator set last, by Deployment name: a count that differs from both this and
     // the new decision was set by someone else.
-    let before: BTreeMap<String, i32> = applied
-        .map(|a| pool_roles(pool, a))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _, count)| (name, count))
-        .collect();
+    let before = counts_by_name(pool, applied);
     let params = PatchParams::apply(MANAGER).force();
     for deployment in &desired {
         let name = deployment.name_any();

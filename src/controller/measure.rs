@@ -16,7 +16,7 @@ use kube::api::Api;
 use super::context::Context;
 use crate::api::{LanePool, Reserve};
 use crate::metrics::Metrics;
-use crate::sizing::{Answer, LaneLoad, lane_load, single_value};
+use crate::sizing::{Answer, LaneLoad, RecentRate, lane_load, single_value};
 use crate::{Error, Result};
 
 /// The operator's default trailing window of the arrival-rate query (`--rate-window`).
@@ -47,9 +47,16 @@ pub struct LaneQueries {
     pub lane: String,
     pub arrival_rate: String,
     /// Only for the default arrival-rate query: a custom query's window is not ours to change.
-    pub recent_arrival_rate: Option<String>,
+    pub recent_arrival_rate: Option<RecentQuery>,
     pub job_time: String,
     pub job_seconds_fallback: Option<f64>,
+}
+
+/// The recent arrival rate's PromQL and the window it counts over (one scrape interval).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecentQuery {
+    pub promql: String,
+    pub window: Duration,
 }
 
 /// How to reach Prometheus: everything that goes into the HTTP client.
@@ -97,7 +104,10 @@ fn lane_queries(
         None => windows
             .recent_arrival_rate
             .as_deref()
-            .map(|lookback| submitted("irate", lookback)),
+            .map(|lookback| RecentQuery {
+                promql: submitted("irate", lookback),
+                window: windows.scrape_interval,
+            }),
     };
     let arrival_rate = custom_rate.unwrap_or_else(|| submitted("rate", &windows.arrival_rate));
     let job_time = custom(reserve.job_time.as_ref().and_then(|q| q.query.as_ref()))
@@ -169,7 +179,6 @@ pub fn client(connection: &Connection) -> Result<prometheus_http_query::Client> 
 pub async fn measure(
     prometheus: &prometheus_http_query::Client,
     lanes: &[LaneQueries],
-    scrape_interval: Duration,
     metrics: &Metrics,
 ) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
     let mut loads = BTreeMap::new();
@@ -179,9 +188,14 @@ pub async fn measure(
         let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
         if let (Ok(load), Some(recent)) = (&mut load, &lane.recent_arrival_rate) {
             // Without an answer (fewer than two samples yet) the long window decides alone.
-            let answer = query(prometheus, recent, metrics).await;
-            load.recent_arrival_rate = single_value("recent arrival rate", &answer).ok();
-            load.recent_window = scrape_interval;
+            let answer = query(prometheus, &recent.promql, metrics).await;
+            load.recent_arrival_rate =
+                single_value("recent arrival rate", &answer)
+                    .ok()
+                    .map(|per_second| RecentRate {
+                        per_second,
+                        window: recent.window,
+                    });
         }
         loads.insert(lane.lane.clone(), load);
     }
@@ -247,13 +261,7 @@ pub(super) async fn measure_pool(
             }
         }
     };
-    Ok(measure(
-        &client,
-        &queries,
-        ctx.settings.windows.scrape_interval,
-        &ctx.metrics,
-    )
-    .await)
+    Ok(measure(&client, &queries, &ctx.metrics).await)
 }
 
 async fn connection(pool: &LanePool, ctx: &Context) -> Result<Option<Connection>> {

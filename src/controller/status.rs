@@ -145,7 +145,7 @@ fn lane_status(lane: &LaneDecision) -> LaneStatus {
         arrival_rate_per_second: load.map(|l| round(l.arrival_rate)),
         recent_arrival_rate: load
             .and_then(|l| l.recent_arrival_rate)
-            .map(|r| format!("{}/s", trim(r))),
+            .map(|r| format!("{}/s", trim(r.per_second))),
         job_time: load
             .and_then(|l| l.job_seconds)
             .map(|j| human_seconds(j).replace(' ', "")),
@@ -189,7 +189,6 @@ mod tests {
             Ok(LaneLoad {
                 arrival_rate: 92.0,
                 recent_arrival_rate: None,
-                recent_window: Duration::ZERO,
                 job_seconds: Some(0.021),
             }),
         )]);
@@ -211,8 +210,10 @@ mod tests {
             "urgent".to_string(),
             Ok(LaneLoad {
                 arrival_rate: 92.0,
-                recent_arrival_rate: Some(148.4),
-                recent_window: Duration::from_secs(15),
+                recent_arrival_rate: Some(RecentRate {
+                    per_second: 148.4,
+                    window: Duration::from_secs(15),
+                }),
                 job_seconds: Some(0.021),
             }),
         )]);

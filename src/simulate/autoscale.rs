@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::observe::Observed;
 use super::scenario::{Autoscale, Nanos};
-use crate::sizing::{Decision, History, Inputs, LaneLoad, Replicas, decide};
+use crate::sizing::{Decision, History, Inputs, LaneLoad, RecentRate, Replicas, decide};
 
 pub const LANE: &str = "urgent";
 
@@ -32,7 +32,6 @@ impl Control {
         let load = LaneLoad {
             arrival_rate: rate,
             recent_arrival_rate: None,
-            recent_window: Duration::ZERO,
             job_seconds: Some(job_seconds),
         };
         let decision = control.decide(Ok(load), None, 0);
@@ -49,8 +48,11 @@ impl Control {
                 arrival_rate: rate,
                 recent_arrival_rate: (c.scrape_interval > 0)
                     .then(|| observed.arrival_rate(now, c.scrape_interval, c.scrape_delay))
-                    .flatten(),
-                recent_window: Duration::from_nanos(c.scrape_interval),
+                    .flatten()
+                    .map(|per_second| RecentRate {
+                        per_second,
+                        window: Duration::from_nanos(c.scrape_interval),
+                    }),
                 // The LanePool would set jobTime.fallback to the known job time.
                 job_seconds: Some(
                     observed

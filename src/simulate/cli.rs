@@ -49,10 +49,6 @@ pub enum PoolSizeArg {
     Shared,
 }
 
-fn parse_duration(value: &str) -> Result<Duration, String> {
-    duration::parse(value).map_err(|e| e.to_string())
-}
-
 /// Simulate a worker pool with an urgent lane and a batch backlog.
 #[derive(clap::Args, Debug, Clone)]
 #[command(allow_negative_numbers = true)]
@@ -84,7 +80,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 2000)]
     pub backlog: u64,
     /// Length of the run: urgent jobs are submitted and completions counted within it.
-    #[arg(long, default_value = "8s", value_parser = parse_duration)]
+    #[arg(long, default_value = "8s", value_parser = duration::flag)]
     pub duration: Duration,
     #[arg(long, value_enum, default_value = "even")]
     pub arrivals: ArrivalsArg,
@@ -93,7 +89,7 @@ pub struct SimulateArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputArg,
     /// Width of each time-series window. Default: 1s, or --interval with --autoscale.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = duration::flag)]
     pub window: Option<Duration>,
     /// Write the time series as CSV to this file.
     #[arg(long, value_name = "FILE.csv")]
@@ -126,16 +122,16 @@ pub struct SimulateArgs {
     #[arg(long, value_enum, default_value = "formula")]
     pub sizing: SizingArg,
     /// The urgent p99 the latency-target sizing aims for, such as 25ms.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = duration::flag)]
     pub target_p99: Option<Duration>,
     /// How the pool's size is set with --autoscale.
     #[arg(long, value_enum, default_value = "budget")]
     pub pool_size: PoolSizeArg,
     /// How often the operator measures and resizes (a LanePool's spec.interval).
-    #[arg(long, default_value = crate::api::DEFAULT_INTERVAL, value_parser = parse_duration)]
+    #[arg(long, default_value = crate::api::DEFAULT_INTERVAL, value_parser = duration::flag)]
     pub interval: Duration,
     /// A reserve shrinks only to the highest recommendation inside this window.
-    #[arg(long, default_value = crate::api::DEFAULT_STABILIZATION_WINDOW, value_parser = parse_duration)]
+    #[arg(long, default_value = crate::api::DEFAULT_STABILIZATION_WINDOW, value_parser = duration::flag)]
     pub stabilization_window: Duration,
     /// Multiplies busy workers; more than 0, at most 10.
     #[arg(long, default_value_t = crate::api::DEFAULT_HEADROOM)]
@@ -150,20 +146,20 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1)]
     pub shared_min: i32,
     /// Trailing window of the arrival-rate query.
-    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    #[arg(long, default_value = crate::controller::DEFAULT_RATE_WINDOW, value_parser = duration::flag)]
     pub rate_window: Duration,
     /// How often Prometheus scrapes the workers: the recent arrival rate (irate) spans one
     /// scrape interval. 0: no recent rate, the operator follows --rate-window alone.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = duration::flag)]
     pub scrape_interval: Duration,
     /// Trailing window of the job-time query.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = crate::controller::DEFAULT_JOB_TIME_WINDOW, value_parser = duration::flag)]
     pub job_time_window: Duration,
     /// Age of Prometheus's newest sample when the operator asks.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = duration::flag)]
     pub scrape_delay: Duration,
     /// From a role change (or a new pod) to the worker taking jobs.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration::flag)]
     pub pod_start: Duration,
 }
 

@@ -1,6 +1,6 @@
 //! The workers and the two lanes: who is idle, who is busy with what, and how workers move
-//! between roles (a new worker starts, and the one it replaces leaves once it is ready) or leave. No clock of its own: the
-//! engine tells it the time and schedules what it returns.
+//! between roles (a new worker starts, and the one it replaces leaves once it is ready) or
+//! leave. No clock of its own: the engine tells it the time and schedules what it returns.
 
 use std::collections::VecDeque;
 
@@ -35,7 +35,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// The role this worker has or is heading for.
+    /// The role of a worker that is staying.
     pub fn committed(&self) -> Option<Role> {
         (self.state != State::Gone && !self.leaving).then_some(self.role)
     }

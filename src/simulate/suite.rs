@@ -9,7 +9,7 @@ use super::engine::run;
 use super::profile::RateProfile;
 use super::rng::Pcg32;
 use super::scenario::{Arrangement, Autoscale, Scenario};
-use super::tradeoff::{Oracle, Point, static_splits};
+use super::tradeoff::{Oracle, Point, frontier, static_splits};
 use crate::duration::trim;
 
 /// Seeds every profile is run with.
@@ -264,26 +264,6 @@ pub fn case(shape: &Shape, duration: Duration, seed: u64, config: &Autoscale) ->
     }
 }
 
-/// The batch throughput of the static splits at `p99_ms`: linear between the two splits whose
-/// p99 bracket it, or the best split at least that fast, whichever is higher. `None` when no
-/// split is that fast.
-pub fn frontier(splits: &[Point], p99_ms: f64) -> Option<f64> {
-    let mut best: Option<f64> = None;
-    let mut consider = |value: f64| best = Some(best.map_or(value, |b: f64| b.max(value)));
-    for point in splits.iter().filter(|p| p.p99_ms <= p99_ms) {
-        consider(point.batch_per_second);
-    }
-    for a in splits {
-        for b in splits {
-            if a.p99_ms < p99_ms && p99_ms < b.p99_ms && b.p99_ms.is_finite() {
-                let t = (p99_ms - a.p99_ms) / (b.p99_ms - a.p99_ms);
-                consider(a.batch_per_second + t * (b.batch_per_second - a.batch_per_second));
-            }
-        }
-    }
-    best
-}
-
 /// One shape's three seeds.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -371,14 +351,8 @@ pub fn table(duration: Duration, config: &Autoscale) -> String {
         "profile", "p99 ms", "batch/s", "frontier", "margin", "worst", "oracle", "resizes", "shape"
     )];
     for row in &rows {
-        let n = row.cases.len() as f64;
-        let p99 = row.cases.iter().map(|c| c.autoscaled.p99_ms).sum::<f64>() / n;
-        let batch = row
-            .cases
-            .iter()
-            .map(|c| c.autoscaled.batch_per_second)
-            .sum::<f64>()
-            / n;
+        let p99 = mean(row.cases.iter().map(|c| c.autoscaled.p99_ms));
+        let batch = mean(row.cases.iter().map(|c| c.autoscaled.batch_per_second));
         let frontier = mean(row.cases.iter().filter_map(|c| c.frontier));
         let changes = mean(row.cases.iter().map(|c| c.changes as f64));
         lines.push(format!(

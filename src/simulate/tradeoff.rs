@@ -75,25 +75,33 @@ pub fn autoscaled(base: &Scenario, config: &Autoscale) -> Vec<Point> {
         .collect()
 }
 
+/// One static split run on one phase alone.
+struct PhaseRun {
+    latencies: Vec<Nanos>,
+    batch_completed: u64,
+    /// Computed once: every target the oracle is asked about reads it.
+    p99_ms: f64,
+}
+
 /// Every static split run on each phase of a profile alone, so that the best split per phase
 /// can be picked in hindsight. An upper bound, not a policy: it switches at each phase boundary
 /// with no delay and no role-change cost.
 pub struct Oracle {
-    /// runs[phase][reserved] = (latencies, batch completed, phase length)
-    runs: Vec<Vec<(Vec<Nanos>, u64, Nanos)>>,
+    /// (phase length, runs by reserved workers)
+    phases: Vec<(Nanos, Vec<PhaseRun>)>,
 }
 
 impl Oracle {
     pub fn new(base: &Scenario) -> Self {
         let end = base.duration as f64 / 1e9;
-        let runs = base
+        let phases = base
             .profile
             .phases(end)
             .iter()
             .enumerate()
             .map(|(i, (from, to, rate))| {
                 let length = ((to - from) * 1e9).round() as Nanos;
-                (0..base.workers)
+                let runs = (0..base.workers)
                     .map(|reserved| {
                         let outcome = run(&Scenario {
                             reserved,
@@ -104,41 +112,43 @@ impl Oracle {
                             seed: base.seed.wrapping_add(i as u64),
                             ..base.clone()
                         });
-                        (outcome.urgent_latencies, outcome.batch_completed, length)
+                        PhaseRun {
+                            p99_ms: summarize(&outcome.urgent_latencies, 0, 0, 1)
+                                .p99_ms
+                                .unwrap_or(f64::INFINITY),
+                            latencies: outcome.urgent_latencies,
+                            batch_completed: outcome.batch_completed,
+                        }
                     })
-                    .collect()
+                    .collect();
+                (length, runs)
             })
             .collect();
-        Self { runs }
+        Self { phases }
     }
 
     /// For each phase, the smallest static split whose p99 in that phase meets `target_ms`
     /// (the one with the lowest p99 when none does).
     pub fn point(&self, target_ms: f64) -> Point {
         let mut latencies = Vec::new();
-        let (mut batch, mut submitted, mut reserve_time, mut total) = (0, 0, 0.0, 0);
-        for phase in &self.runs {
-            let p99 = |r: &(Vec<Nanos>, u64, Nanos)| {
-                summarize(&r.0, 0, 0, 1).p99_ms.unwrap_or(f64::INFINITY)
-            };
-            let chosen = phase
+        let (mut batch, mut reserve_time, mut total) = (0, 0.0, 0);
+        for (length, runs) in &self.phases {
+            let chosen = runs
                 .iter()
-                .position(|r| p99(r) <= target_ms)
+                .position(|r| r.p99_ms <= target_ms)
                 .unwrap_or_else(|| {
-                    (0..phase.len())
-                        .min_by(|a, b| p99(&phase[*a]).total_cmp(&p99(&phase[*b])))
+                    (0..runs.len())
+                        .min_by(|a, b| runs[*a].p99_ms.total_cmp(&runs[*b].p99_ms))
                         .unwrap_or(0)
                 });
-            let (lat, done, length) = &phase[chosen];
-            latencies.extend_from_slice(lat);
-            submitted += lat.len() as u64;
-            batch += done;
+            latencies.extend_from_slice(&runs[chosen].latencies);
+            batch += runs[chosen].batch_completed;
             reserve_time += chosen as f64 * *length as f64;
             total += length;
         }
         point(
             format!("oracle p99≤{target_ms}ms"),
-            summarize(&latencies, submitted, batch, total),
+            summarize(&latencies, latencies.len() as u64, batch, total),
             reserve_time / total.max(1) as f64,
         )
     }
@@ -149,7 +159,7 @@ impl Oracle {
         let curve: Vec<Point> = (0..=45)
             .map(|i| self.point(20.0 * 10f64.powf(f64::from(i) / 45.0)))
             .collect();
-        super::suite::frontier(&curve, p99_ms)
+        frontier(&curve, p99_ms)
     }
 }
 
@@ -169,6 +179,22 @@ pub fn best_static(splits: &[Point], p99_ms: f64) -> Option<f64> {
         .filter(|p| p.p99_ms <= p99_ms)
         .map(|p| p.batch_per_second)
         .reduce(f64::max)
+}
+
+/// The batch throughput of the static splits at `p99_ms`: linear between the two splits whose
+/// p99 bracket it, or the best split at least that fast, whichever is higher. `None` when no
+/// split is that fast.
+pub fn frontier(splits: &[Point], p99_ms: f64) -> Option<f64> {
+    let chords = splits.iter().flat_map(|a| {
+        splits
+            .iter()
+            .filter(move |b| a.p99_ms < p99_ms && p99_ms < b.p99_ms && b.p99_ms.is_finite())
+            .map(move |b| {
+                let t = (p99_ms - a.p99_ms) / (b.p99_ms - a.p99_ms);
+                a.batch_per_second + t * (b.batch_per_second - a.batch_per_second)
+            })
+    });
+    chords.chain(best_static(splits, p99_ms)).reduce(f64::max)
 }
 
 pub fn table(base: &Scenario, config: &Autoscale) -> String {

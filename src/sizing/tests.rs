@@ -32,7 +32,6 @@ fn loads(rate: f64, job: f64) -> BTreeMap<String, std::result::Result<LaneLoad, 
         Ok(LaneLoad {
             arrival_rate: rate,
             recent_arrival_rate: None,
-            recent_window: Duration::ZERO,
             job_seconds: Some(job),
         }),
     )])
@@ -134,7 +133,6 @@ fn a_job_time_fallback_covers_a_window_without_finished_jobs() {
         Ok(LaneLoad {
             arrival_rate: 30.0,
             recent_arrival_rate: None,
-            recent_window: Duration::ZERO,
             job_seconds: Some(0.02)
         })
     );
@@ -411,8 +409,10 @@ fn with_recent(
         "urgent".to_string(),
         Ok(LaneLoad {
             arrival_rate: rate,
-            recent_arrival_rate: Some(recent),
-            recent_window: Duration::from_secs(15),
+            recent_arrival_rate: Some(RecentRate {
+                per_second: recent,
+                window: Duration::from_secs(15),
+            }),
             job_seconds: Some(job),
         }),
     )])
@@ -563,8 +563,10 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
             "urgent".to_string(),
             Ok(LaneLoad {
                 arrival_rate: 5.0,
-                recent_arrival_rate: Some(5.9),
-                recent_window: Duration::from_secs(window_secs),
+                recent_arrival_rate: Some(RecentRate {
+                    per_second: 5.9,
+                    window: Duration::from_secs(window_secs),
+                }),
                 job_seconds: Some(1.0),
             }),
         )])
