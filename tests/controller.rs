@@ -114,6 +114,10 @@ impl World {
         Some((c.status, c.reason, c.message))
     }
 
+    async fn condition_is(&self, type_: &str, status: &str) -> bool {
+        self.condition(type_).await.is_some_and(|c| c.0 == status)
+    }
+
     async fn events(&self) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
         let list = events.list(&ListParams::default()).await.unwrap();
@@ -181,10 +185,7 @@ async fn the_example_gets_reserved_and_shared_deployments() {
             status
                 .last_decision
                 .is_some_and(|d| d.starts_with("urgent 30/s × 20 ms × 1.5"))
-                && world
-                    .condition("MetricsAvailable")
-                    .await
-                    .is_some_and(|c| c.0 == "True")
+                && world.condition_is("MetricsAvailable", "True").await
         })
         .await;
 
@@ -208,10 +209,7 @@ async fn the_reserve_follows_the_urgent_rate_and_scale_down_waits() {
     world.apply_pool(|_| {}).await;
     world
         .until(40, "1 reserved at 30/s", || async {
-            world
-                .condition("MetricsAvailable")
-                .await
-                .is_some_and(|c| c.0 == "True")
+            world.condition_is("MetricsAvailable", "True").await
                 && world.replicas("jobs-urgent-reserved").await == Some(1)
         })
         .await;
@@ -277,10 +275,7 @@ async fn prometheus_down_holds_the_counts_and_scaling_resumes_after() {
     world.prometheus.stop();
     world
         .until(30, "MetricsAvailable=False", || async {
-            world
-                .condition("MetricsAvailable")
-                .await
-                .is_some_and(|c| c.0 == "False")
+            world.condition_is("MetricsAvailable", "False").await
         })
         .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -305,10 +300,7 @@ async fn prometheus_down_holds_the_counts_and_scaling_resumes_after() {
             60,
             "scaling resumes: 90/s × 20 ms × 1.5 → 3 after the window",
             || async {
-                world
-                    .condition("MetricsAvailable")
-                    .await
-                    .is_some_and(|c| c.0 == "True")
+                world.condition_is("MetricsAvailable", "True").await
                     && world.replicas("jobs-urgent-reserved").await == Some(3)
             },
         )
@@ -322,10 +314,7 @@ async fn a_hand_scaled_reserve_is_restored() {
     world.apply_pool(|_| {}).await;
     world
         .until(30, "1 reserved", || async {
-            world
-                .condition("Ready")
-                .await
-                .is_some_and(|c| c.0 == "True")
+            world.condition_is("Ready", "True").await
                 && world.replicas("jobs-urgent-reserved").await == Some(1)
         })
         .await;
@@ -412,10 +401,7 @@ async fn a_paused_pool_is_left_alone() {
     world.apply_pool(|spec| spec["paused"] = json!(true)).await;
     world
         .until(30, "Paused=True", || async {
-            world
-                .condition("Paused")
-                .await
-                .is_some_and(|c| c.0 == "True")
+            world.condition_is("Paused", "True").await
         })
         .await;
     assert_eq!(world.replicas("jobs-shared").await, None);
@@ -552,10 +538,7 @@ async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_t
     watch_counts(&world, 40, |r, s| r == 1 && s == 9).await;
     world
         .until(30, "metrics available", || async {
-            world
-                .condition("MetricsAvailable")
-                .await
-                .is_some_and(|c| c.0 == "True")
+            world.condition_is("MetricsAvailable", "True").await
         })
         .await;
 
@@ -628,10 +611,7 @@ async fn a_rate_on_an_integer_boundary_does_not_flap() {
         .await;
     world
         .until(40, "metrics available", || async {
-            world
-                .condition("MetricsAvailable")
-                .await
-                .is_some_and(|c| c.0 == "True")
+            world.condition_is("MetricsAvailable", "True").await
         })
         .await;
     let mut seen = std::collections::BTreeSet::new();

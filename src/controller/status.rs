@@ -184,6 +184,17 @@ mod tests {
             stabilization_window: Duration::from_secs(300),
             on_unavailable: UnavailablePolicy::Hold,
         };
+        let once = |loads: &BTreeMap<String, std::result::Result<LaneLoad, String>>| {
+            decide(
+                &sizing,
+                Inputs {
+                    loads,
+                    current: None,
+                    history: &History::new(),
+                    now: Duration::ZERO,
+                },
+            )
+        };
         let loads = BTreeMap::from([(
             "urgent".to_string(),
             Ok(LaneLoad {
@@ -192,15 +203,7 @@ mod tests {
                 job_seconds: Some(0.021),
             }),
         )]);
-        let decision = decide(
-            &sizing,
-            Inputs {
-                loads: &loads,
-                current: None,
-                history: &History::new(),
-                now: Duration::ZERO,
-            },
-        );
+        let decision = once(&loads);
         assert_eq!(
             scale_note(&decision.lanes[0], Some(1)),
             "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9"
@@ -217,15 +220,7 @@ mod tests {
                 job_seconds: Some(0.021),
             }),
         )]);
-        let rising = decide(
-            &sizing,
-            Inputs {
-                loads: &recent,
-                current: None,
-                history: &History::new(),
-                now: Duration::ZERO,
-            },
-        );
+        let rising = once(&recent);
         let status = lane_status(&rising.lanes[0]);
         assert_eq!(status.recent_arrival_rate.as_deref(), Some("148/s"));
         assert_eq!(status.arrival_rate.as_deref(), Some("92/s"));
@@ -234,15 +229,7 @@ mod tests {
             "reserved urgent 3 → 5: 148/s (recent) × 21 ms × 1.5 = 4.67"
         );
         let unmeasured = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
-        let held = decide(
-            &sizing,
-            Inputs {
-                loads: &unmeasured,
-                current: None,
-                history: &History::new(),
-                now: Duration::ZERO,
-            },
-        );
+        let held = once(&unmeasured);
         assert_eq!(
             scale_note(&held.lanes[0], None),
             "reserved urgent (new) → 1: metrics unavailable"
