@@ -20,7 +20,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "setting up (the first run builds Kubernetes and Prometheus tools: several minutes)"
 ./tests/setup.sh
-cargo build -q --release --features testenv --bin lanepool --bin lanepool-testenv \
+cargo build -q --release -p lanepool -p lanepool-testenv --bins \
   --example lane_queue --example lane_worker --example local_kubelet
 bin=target/release
 kubectl=target/tools/kubectl

@@ -5,7 +5,7 @@
 //! sends SIGTERM, so a worker finishes its job first. Its workers never outlive it: stopped on
 //! SIGTERM/Ctrl-C, killed by the kernel if it dies.
 //!
-//!     cargo run --example local_kubelet --features testenv -- --namespace demo \
+//!     cargo run --example local_kubelet -- --namespace demo \
 //!         --queue-url http://127.0.0.1:9464 --log-dir target/demo/workers
 
 use std::collections::BTreeMap;

@@ -16,5 +16,3 @@ pub mod plan;
 pub mod run;
 pub mod server;
 pub mod simulate;
-#[cfg(feature = "testenv")]
-pub mod testenv;

@@ -8,7 +8,7 @@ use kube::core::{ApiResource, Status};
 use kube::{Client, Resource};
 use lanepool::api::*;
 use lanepool::duration::KubeDuration;
-use lanepool::testenv;
+use lanepool_testenv as testenv;
 use serde_json::{Value, json};
 
 async fn client_and_namespace() -> (Client, String) {

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use lanepool::api::LanePool;
-use lanepool::testenv::{self, InProcessOperator, SimulatedWorkers, TestPrometheus};
+use lanepool_testenv::{self as testenv, InProcessOperator, SimulatedWorkers, TestPrometheus};
 use serde_json::{Value, json};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lanepool");

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
-use lanepool::testenv::{
-    self, DeploymentReadiness, InProcessOperator, SimulatedWorkers, TestPrometheus,
+use lanepool_testenv::{
+    self as testenv, DeploymentReadiness, InProcessOperator, SimulatedWorkers, TestPrometheus,
 };
 use serde_json::json;
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use lanepool::metrics::Metrics;
-use lanepool::testenv::{SimulatedWorkers, TestPrometheus};
+use lanepool_testenv::{SimulatedWorkers, TestPrometheus};
 use serde_json::Value;
 
 const DASHBOARD: &str = include_str!("../charts/lanepool/dashboards/lanepool.json");

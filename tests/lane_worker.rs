@@ -44,10 +44,6 @@ fn example(name: &str) -> PathBuf {
         if profile_dir.ends_with("release") {
             build.arg("--release");
         }
-        if cfg!(feature = "testenv") {
-            // The same features as this test, so the library is not built a second time.
-            build.arg("--all-features");
-        }
         let status = build
             .status()
             .expect("running cargo build for the examples");

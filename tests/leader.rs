@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
 use lanepool::api::LanePool;
-use lanepool::testenv;
+use lanepool_testenv as testenv;
 
 /// An operator process, stopped when the test ends however it ends.
 struct Operator {

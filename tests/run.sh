@@ -16,12 +16,12 @@ fi
 
 if cargo clippy --version >/dev/null 2>&1; then
   echo "== cargo clippy"
-  cargo clippy --all-targets --all-features -- -D warnings
+  cargo clippy --workspace --all-targets --all-features -- -D warnings
 else
   echo "== clippy is not installed on this toolchain: skipping lints"
 fi
 
 echo "== cargo test"
-cargo test --all-features "$@"
+cargo test --workspace "$@"
 
 echo "== all tests passed in $((SECONDS - start)) s"

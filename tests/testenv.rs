@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lanepool::testenv::{self, SimulatedWorkers, TestPrometheus};
+use lanepool_testenv::{self as testenv, SimulatedWorkers, TestPrometheus};
 
 #[tokio::test]
 async fn the_api_server_is_the_pinned_version_with_rbac() {

@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ./tests/setup.sh >&2
-cargo build -q --features testenv --bin lanepool-testenv >&2
+cargo build -q -p lanepool-testenv >&2
 exec ./target/debug/lanepool-testenv up --dir target/cluster "$@"

@@ -56,7 +56,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestEnvError {
 pub fn tools_dir() -> PathBuf {
     std::env::var_os("LANEPOOL_TOOLS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tools"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tools"))
 }
 
 /// A pinned tool, or a clear error when it has not been built.

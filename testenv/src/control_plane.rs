@@ -14,7 +14,7 @@ use kube::{Client, Config};
 use super::certs::{self, CertFiles};
 use super::process::{Lifetime, Process};
 use super::{Result, TestEnvError, free_port, io, tool};
-use crate::crd::lanepool_crd;
+use lanepool::crd::lanepool_crd;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 

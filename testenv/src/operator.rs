@@ -8,8 +8,8 @@ use kube::Client;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::controller::{self, Context, QueryWindows, Settings};
-use crate::metrics::Metrics;
+use lanepool::controller::{self, Context, QueryWindows, Settings};
+use lanepool::metrics::Metrics;
 
 /// A controller task watching `namespaces` with `client`'s permissions.
 pub struct InProcessOperator {
@@ -36,7 +36,7 @@ impl InProcessOperator {
                 job_time: "5s".into(),
             },
             write_timeout: Duration::from_secs(10),
-            surge_timeout: crate::controller::DEFAULT_SURGE_TIMEOUT,
+            surge_timeout: lanepool::controller::DEFAULT_SURGE_TIMEOUT,
         }
     }
 

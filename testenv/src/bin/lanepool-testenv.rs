@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lanepool::testenv::{ControlPlane, Lifetime, TestPrometheus, process_alive, terminate_pid};
+use lanepool_testenv::{ControlPlane, Lifetime, TestPrometheus, process_alive, terminate_pid};
 
 #[derive(Parser)]
 #[command(name = "lanepool-testenv", about)]
