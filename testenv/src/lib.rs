@@ -21,7 +21,7 @@ pub use readiness::DeploymentReadiness;
 pub use worker_metrics::SimulatedWorkers;
 
 /// Why the control plane could not start.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum TestEnvError {
     #[error("{tool} is not built at {path}: run ./tests/setup.sh")]
     ToolMissing { tool: String, path: PathBuf },
@@ -43,6 +43,13 @@ pub enum TestEnvError {
     Kube(#[from] kube::Error),
     #[error("kubeconfig: {0}")]
     Kubeconfig(#[from] kube::config::KubeconfigError),
+}
+
+/// `expect` shows Debug: make it the sentence that says what to do ("run ./tests/setup.sh").
+impl std::fmt::Debug for TestEnvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 pub type Result<T, E = TestEnvError> = std::result::Result<T, E>;
