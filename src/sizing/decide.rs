@@ -1,51 +1,13 @@
-//! The sizing decision: from a pool's settings, each reserve lane's measured load, the current
-//! replica counts and the recent recommendations, how many reserved and shared workers to run.
-//! Pure (no clock, no I/O): the controller, `lanepool plan` and the simulator all call it. It must
-//! never read a missing or malformed measurement as zero.
+//! The decision: each reserve lane's load becomes a reserve by its rule, held against the
+//! current one by a tolerance and, going down, by the stabilization window; the shared
+//! workers get what the pool's size leaves.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::api::{LanePoolSpec, MetricsUnavailableAction, SizingMode};
+use super::queueing::{formula, latency_target};
+use super::settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 use crate::duration::{human_seconds, trim};
-use crate::{Error, Result};
-
-/// A pool's sizing settings, read and checked from a LanePool spec.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolSizing {
-    /// Reserve lanes in priority order.
-    pub lanes: Vec<LaneSizing>,
-    pub headroom: f64,
-    pub size: PoolSize,
-    pub stabilization_window: Duration,
-    pub on_unavailable: UnavailablePolicy,
-}
-
-/// The bounds of one lane's reserve.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LaneSizing {
-    pub name: String,
-    pub min: i32,
-    pub max: i32,
-    /// How the lane's measured load becomes its reserve.
-    pub rule: Rule,
-}
-
-/// How the pool's size is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PoolSize {
-    /// A fixed number of shared workers; reserved workers come on top.
-    Shared { replicas: i32 },
-    /// A fixed budget: shared = total − reserved, never below `shared_min`.
-    Budget { total: i32, shared_min: i32 },
-}
-
-/// What to do for a lane whose metrics are unavailable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UnavailablePolicy {
-    Hold,
-    FixedReserve(i32),
-}
 
 /// A reserve lane's measured load.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,9 +34,6 @@ impl RecentRate {
         self.per_second * self.window.as_secs_f64()
     }
 }
-
-/// A query's answer as plain numbers, one per series, or the reason there is none.
-pub type Answer = std::result::Result<Vec<f64>, String>;
 
 /// Replica counts of a pool's Deployments.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -159,237 +118,6 @@ impl Decision {
         parts.push(format!("{} shared", self.shared));
         parts.join("; ")
     }
-}
-
-impl PoolSizing {
-    /// Reads the sizing settings from a spec, checking what the CRD also checks, so a spec that
-    /// reached us some other way (a test, an old CRD) cannot produce a harmful decision.
-    pub fn from_spec(spec: &LanePoolSpec) -> Result<Self> {
-        if !(spec.headroom > 0.0 && spec.headroom <= 10.0) {
-            return Err(Error::invalid(
-                "spec.headroom",
-                format!("{} is not greater than 0 and at most 10", spec.headroom),
-            ));
-        }
-        let mut lanes = Vec::new();
-        let reserve_lanes = spec
-            .lanes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, lane)| Some((i, lane, lane.reserve.as_ref()?)));
-        for (i, lane, reserve) in reserve_lanes {
-            let field = format!("spec.lanes[{i}].reserve");
-            if reserve.min < 0 || reserve.min > reserve.max {
-                return Err(Error::invalid(
-                    field,
-                    format!(
-                        "min {} must be between 0 and max {}",
-                        reserve.min, reserve.max
-                    ),
-                ));
-            }
-            let rule = match (reserve.sizing, &reserve.target_p99) {
-                (SizingMode::Formula, _) => Rule::Formula,
-                (SizingMode::LatencyTarget, Some(target)) => {
-                    let target = target.get().map_err(|source| Error::Duration {
-                        field: format!("{field}.targetP99"),
-                        source,
-                    })?;
-                    if target.is_zero() {
-                        return Err(Error::invalid(
-                            format!("{field}.targetP99"),
-                            "must be more than 0",
-                        ));
-                    }
-                    Rule::LatencyTarget {
-                        p99_seconds: target.as_secs_f64(),
-                    }
-                }
-                (SizingMode::LatencyTarget, None) => {
-                    return Err(Error::invalid(
-                        format!("{field}.targetP99"),
-                        "required with sizing LatencyTarget",
-                    ));
-                }
-            };
-            lanes.push(LaneSizing {
-                name: lane.name.clone(),
-                min: reserve.min,
-                max: reserve.max,
-                rule,
-            });
-        }
-        if lanes.is_empty() {
-            return Err(Error::invalid("spec.lanes", "no lane has a reserve"));
-        }
-        let shared_min = spec.shared.as_ref().map_or(1, |s| s.min_replicas);
-        if shared_min < 1 {
-            return Err(Error::invalid(
-                "spec.shared.minReplicas",
-                format!(
-                    "{shared_min} must be at least 1: shared workers are the only ones that take lanes without a reserve"
-                ),
-            ));
-        }
-        let size = match (
-            spec.total_workers,
-            spec.shared.as_ref().and_then(|s| s.replicas),
-        ) {
-            (Some(total), None) => {
-                let most_reserved: i32 = lanes.iter().map(|l| l.max).sum();
-                if total < most_reserved + shared_min {
-                    return Err(Error::invalid(
-                        "spec.totalWorkers",
-                        format!(
-                            "{total} is less than the reserves' max ({most_reserved}) plus shared.minReplicas ({shared_min})"
-                        ),
-                    ));
-                }
-                PoolSize::Budget { total, shared_min }
-            }
-            (None, Some(replicas)) if replicas >= 1 => PoolSize::Shared { replicas },
-            _ => {
-                return Err(Error::invalid(
-                    "spec.totalWorkers",
-                    "set exactly one of spec.totalWorkers and spec.shared.replicas",
-                ));
-            }
-        };
-        let window = spec
-            .scale_down
-            .clone()
-            .unwrap_or_default()
-            .stabilization_window;
-        let stabilization_window = window.get().map_err(|source| Error::Duration {
-            field: "spec.scaleDown.stabilizationWindow".into(),
-            source,
-        })?;
-        let policy = spec.on_metrics_unavailable.clone().unwrap_or_default();
-        let on_unavailable = match (policy.action, policy.reserve) {
-            (MetricsUnavailableAction::Hold, _) => UnavailablePolicy::Hold,
-            (MetricsUnavailableAction::FixedReserve, Some(n)) if n >= 0 => {
-                UnavailablePolicy::FixedReserve(n)
-            }
-            (MetricsUnavailableAction::FixedReserve, _) => {
-                return Err(Error::invalid(
-                    "spec.onMetricsUnavailable.reserve",
-                    "a reserve of 0 or more is required with action FixedReserve",
-                ));
-            }
-        };
-        Ok(Self {
-            lanes,
-            headroom: spec.headroom,
-            size,
-            stabilization_window,
-            on_unavailable,
-        })
-    }
-}
-
-/// Reads one number from a query's answer; anything but one finite, non-negative value is
-/// unavailable, never zero.
-pub fn single_value(what: &str, answer: &Answer) -> std::result::Result<f64, String> {
-    match answer {
-        Err(reason) => Err(format!("{what}: {reason}")),
-        Ok(values) => match values.as_slice() {
-            [] => Err(format!("{what}: the query returned no series")),
-            [value] if value.is_nan() => Err(format!("{what}: the query returned NaN")),
-            [value] if value.is_infinite() => Err(format!("{what}: the query returned {value}")),
-            [value] if *value < 0.0 => Err(format!("{what}: the query returned {value} (< 0)")),
-            [value] => Ok(*value),
-            many => Err(format!(
-                "{what}: the query returned {} series; it must return one (aggregate with sum or avg)",
-                many.len()
-            )),
-        },
-    }
-}
-
-/// A lane's load from its two answers. A job time of NaN or no series means no job finished
-/// in the window: the fallback stands in, and with no arrivals no job time is needed.
-pub fn lane_load(
-    lane: &str,
-    arrival_rate: &Answer,
-    job_seconds: &Answer,
-    job_seconds_fallback: Option<f64>,
-) -> std::result::Result<LaneLoad, String> {
-    let rate = single_value(&format!("lane {lane} arrival rate"), arrival_rate)?;
-    let no_job_ran = match job_seconds {
-        Ok(values) => values.is_empty() || (values.len() == 1 && values[0].is_nan()),
-        Err(_) => false,
-    };
-    let job = if no_job_ran {
-        if job_seconds_fallback.is_none() && rate > 0.0 {
-            return Err(format!(
-                "lane {lane} job time: no job finished in the query's window and jobTime.fallback is not set"
-            ));
-        }
-        job_seconds_fallback
-    } else {
-        Some(single_value(&format!("lane {lane} job time"), job_seconds)?)
-    };
-    Ok(LaneLoad {
-        arrival_rate: rate,
-        recent_arrival_rate: None,
-        job_seconds: job,
-    })
-}
-
-/// The guide's formula: arrival rate × job time × headroom, and its ceiling. The ceiling
-/// forgives floating-point noise, so 100/s × 20 ms × 1.5 is 3, not 4.
-pub fn formula(arrival_rate: f64, job_seconds: f64, headroom: f64) -> (f64, i32) {
-    let needed = arrival_rate * job_seconds * headroom;
-    let ceiling = (needed - 1e-9 * needed.max(1.0)).ceil();
-    (needed, ceiling.clamp(0.0, i32::MAX as f64) as i32)
-}
-
-/// How a measured load becomes a reserve.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Rule {
-    /// The guide's formula: ceil(arrival rate × job time × headroom).
-    Formula,
-    /// The smallest reserve whose predicted urgent p99 (submission to completion), served by
-    /// the reserve alone, is at most this many seconds. Shared workers only make it better.
-    LatencyTarget { p99_seconds: f64 },
-}
-
-/// Predicted p99 of submission to completion, in seconds, for Poisson arrivals served by
-/// `reserve` workers with a fixed job time (M/D/c). Erlang C gives the chance of waiting; a
-/// fixed job time makes the wait's tail decay about twice as fast as the M/M/c one.
-/// Infinite when the reserve cannot keep up.
-pub fn predicted_p99(arrival_rate: f64, job_seconds: f64, reserve: i32) -> f64 {
-    let offered = arrival_rate * job_seconds;
-    if offered <= 0.0 || job_seconds <= 0.0 {
-        return job_seconds.max(0.0);
-    }
-    let servers = f64::from(reserve.max(0));
-    if offered >= servers {
-        return f64::INFINITY;
-    }
-    // Erlang B by recurrence (stable for large reserves), then Erlang C.
-    let mut blocking = 1.0;
-    for k in 1..=reserve {
-        blocking = offered * blocking / (f64::from(k) + offered * blocking);
-    }
-    let busy = offered / servers;
-    let waits = blocking / (1.0 - busy + busy * blocking);
-    if waits <= 0.01 {
-        return job_seconds;
-    }
-    let decay = 2.0 * (servers / job_seconds - arrival_rate);
-    job_seconds + (waits / 0.01).ln() / decay
-}
-
-/// The smallest reserve whose predicted p99 meets the target, or `None` when no reserve up to
-/// `most` does.
-pub fn latency_target(
-    arrival_rate: f64,
-    job_seconds: f64,
-    p99_seconds: f64,
-    most: i32,
-) -> Option<i32> {
-    (0..=most.max(0)).find(|r| predicted_p99(arrival_rate, job_seconds, *r) <= p99_seconds)
 }
 
 /// Decides the replica counts for one evaluation, recommending each reserve by its lane's rule.
@@ -621,6 +349,3 @@ fn unmeasured_lane(
         ),
     }
 }
-
-#[cfg(test)]
-mod tests;

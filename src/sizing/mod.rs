@@ -1,0 +1,20 @@
+//! The sizing decision: from a pool's settings, each reserve lane's measured load, the current
+//! replica counts and the recent recommendations, how many reserved and shared workers to run.
+//! Pure (no clock, no I/O): the controller, `lanepool plan` and the simulator all call it. It must
+//! never read a missing or malformed measurement as zero.
+
+mod answer;
+mod decide;
+mod queueing;
+mod settings;
+
+pub use answer::{Answer, lane_load, single_value};
+pub use decide::{
+    Decision, History, Inputs, LaneDecision, LaneLoad, MOST_TOLERANCE, NOISE_SIGMAS, RecentRate,
+    Recommendation, Replicas, TOLERANCE, decide,
+};
+pub use queueing::{formula, latency_target, predicted_p99};
+pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
+
+#[cfg(test)]
+mod tests;

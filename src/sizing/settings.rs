@@ -1,0 +1,180 @@
+//! A pool's sizing settings, read and checked from a LanePool spec: everything `decide` needs
+//! to know about the pool that does not change between evaluations.
+
+use std::time::Duration;
+
+use crate::api::{LanePoolSpec, MetricsUnavailableAction, SizingMode};
+use crate::{Error, Result};
+
+/// A pool's sizing settings, read and checked from a LanePool spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSizing {
+    /// Reserve lanes in priority order.
+    pub lanes: Vec<LaneSizing>,
+    pub headroom: f64,
+    pub size: PoolSize,
+    pub stabilization_window: Duration,
+    pub on_unavailable: UnavailablePolicy,
+}
+
+/// The bounds of one lane's reserve.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaneSizing {
+    pub name: String,
+    pub min: i32,
+    pub max: i32,
+    /// How the lane's measured load becomes its reserve.
+    pub rule: Rule,
+}
+
+/// How the pool's size is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolSize {
+    /// A fixed number of shared workers; reserved workers come on top.
+    Shared { replicas: i32 },
+    /// A fixed budget: shared = total − reserved, never below `shared_min`.
+    Budget { total: i32, shared_min: i32 },
+}
+
+/// What to do for a lane whose metrics are unavailable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnavailablePolicy {
+    Hold,
+    FixedReserve(i32),
+}
+
+/// How a measured load becomes a reserve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// The guide's formula: ceil(arrival rate × job time × headroom).
+    Formula,
+    /// The smallest reserve whose predicted urgent p99 (submission to completion), served by
+    /// the reserve alone, is at most this many seconds. Shared workers only make it better.
+    LatencyTarget { p99_seconds: f64 },
+}
+
+impl PoolSizing {
+    /// Reads the sizing settings from a spec, checking what the CRD also checks, so a spec that
+    /// reached us some other way (a test, an old CRD) cannot produce a harmful decision.
+    pub fn from_spec(spec: &LanePoolSpec) -> Result<Self> {
+        if !(spec.headroom > 0.0 && spec.headroom <= 10.0) {
+            return Err(Error::invalid(
+                "spec.headroom",
+                format!("{} is not greater than 0 and at most 10", spec.headroom),
+            ));
+        }
+        let mut lanes = Vec::new();
+        let reserve_lanes = spec
+            .lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, lane)| Some((i, lane, lane.reserve.as_ref()?)));
+        for (i, lane, reserve) in reserve_lanes {
+            let field = format!("spec.lanes[{i}].reserve");
+            if reserve.min < 0 || reserve.min > reserve.max {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "min {} must be between 0 and max {}",
+                        reserve.min, reserve.max
+                    ),
+                ));
+            }
+            let rule = match (reserve.sizing, &reserve.target_p99) {
+                (SizingMode::Formula, _) => Rule::Formula,
+                (SizingMode::LatencyTarget, Some(target)) => {
+                    let target = target.get().map_err(|source| Error::Duration {
+                        field: format!("{field}.targetP99"),
+                        source,
+                    })?;
+                    if target.is_zero() {
+                        return Err(Error::invalid(
+                            format!("{field}.targetP99"),
+                            "must be more than 0",
+                        ));
+                    }
+                    Rule::LatencyTarget {
+                        p99_seconds: target.as_secs_f64(),
+                    }
+                }
+                (SizingMode::LatencyTarget, None) => {
+                    return Err(Error::invalid(
+                        format!("{field}.targetP99"),
+                        "required with sizing LatencyTarget",
+                    ));
+                }
+            };
+            lanes.push(LaneSizing {
+                name: lane.name.clone(),
+                min: reserve.min,
+                max: reserve.max,
+                rule,
+            });
+        }
+        if lanes.is_empty() {
+            return Err(Error::invalid("spec.lanes", "no lane has a reserve"));
+        }
+        let shared_min = spec.shared.as_ref().map_or(1, |s| s.min_replicas);
+        if shared_min < 1 {
+            return Err(Error::invalid(
+                "spec.shared.minReplicas",
+                format!(
+                    "{shared_min} must be at least 1: shared workers are the only ones that take lanes without a reserve"
+                ),
+            ));
+        }
+        let size = match (
+            spec.total_workers,
+            spec.shared.as_ref().and_then(|s| s.replicas),
+        ) {
+            (Some(total), None) => {
+                let most_reserved: i32 = lanes.iter().map(|l| l.max).sum();
+                if total < most_reserved + shared_min {
+                    return Err(Error::invalid(
+                        "spec.totalWorkers",
+                        format!(
+                            "{total} is less than the reserves' max ({most_reserved}) plus shared.minReplicas ({shared_min})"
+                        ),
+                    ));
+                }
+                PoolSize::Budget { total, shared_min }
+            }
+            (None, Some(replicas)) if replicas >= 1 => PoolSize::Shared { replicas },
+            _ => {
+                return Err(Error::invalid(
+                    "spec.totalWorkers",
+                    "set exactly one of spec.totalWorkers and spec.shared.replicas",
+                ));
+            }
+        };
+        let window = spec
+            .scale_down
+            .clone()
+            .unwrap_or_default()
+            .stabilization_window;
+        let stabilization_window = window.get().map_err(|source| Error::Duration {
+            field: "spec.scaleDown.stabilizationWindow".into(),
+            source,
+        })?;
+        let policy = spec.on_metrics_unavailable.clone().unwrap_or_default();
+        let on_unavailable = match (policy.action, policy.reserve) {
+            (MetricsUnavailableAction::Hold, _) => UnavailablePolicy::Hold,
+            (MetricsUnavailableAction::FixedReserve, Some(n)) if n >= 0 => {
+                UnavailablePolicy::FixedReserve(n)
+            }
+            (MetricsUnavailableAction::FixedReserve, _) => {
+                return Err(Error::invalid(
+                    "spec.onMetricsUnavailable.reserve",
+                    "a reserve of 0 or more is required with action FixedReserve",
+                ));
+            }
+        };
+        Ok(Self {
+            lanes,
+            headroom: spec.headroom,
+            size,
+            stabilization_window,
+            on_unavailable,
+        })
+    }
+}
