@@ -13,6 +13,7 @@ pub mod crd;
 pub mod leader;
 pub mod metrics;
 pub mod plan;
+pub mod prometheus;
 pub mod run;
 pub mod server;
 pub mod simulate;

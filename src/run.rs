@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use tracing::{error, info};
 
-use crate::controller::{Context, QueryWindows, Settings};
+use crate::controller::{Context, Settings};
 use crate::metrics::Metrics;
+use crate::prometheus::QueryWindows;
 use crate::server::{self, Health};
 use crate::{duration, leader};
 
@@ -44,12 +45,12 @@ pub struct RunArgs {
 
     /// Trailing window of the default arrival-rate query: what status shows, and what the
     /// reserve follows while the recent rate has no answer.
-    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = crate::controller::DEFAULT_RATE_WINDOW, value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = crate::prometheus::DEFAULT_RATE_WINDOW, value_parser = promql_duration)]
     pub rate_window: String,
 
     /// Lookback of the recent arrival-rate query, irate() over the default metric: the rate of
     /// the last scrape interval, which the reserve follows both ways; it must hold two scrapes.
-    #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::controller::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::prometheus::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = promql_duration)]
     pub recent_rate_lookback: String,
 
     /// How often Prometheus scrapes the workers: the span of the recent rate. A rate counted
@@ -58,7 +59,7 @@ pub struct RunArgs {
     pub scrape_interval: Duration,
 
     /// Trailing window of the default job-time query.
-    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = crate::controller::DEFAULT_JOB_TIME_WINDOW, value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = crate::prometheus::DEFAULT_JOB_TIME_WINDOW, value_parser = promql_duration)]
     pub job_time_window: String,
 
     /// Compete for a Lease so only one replica runs the controller.

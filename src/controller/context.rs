@@ -12,9 +12,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
-use super::measure::{Connection, QueryWindows};
 use crate::api::LanePool;
 use crate::metrics::Metrics;
+use crate::prometheus::{self, QueryWindows};
 use crate::sizing::{History, Replicas};
 use crate::{Error, Result};
 
@@ -56,7 +56,7 @@ pub struct Context {
     pub settings: Settings,
     pub(super) started: Instant,
     pub(super) pools: Mutex<HashMap<ObjectRef<LanePool>, PoolMemory>>,
-    pub(super) prometheus: Mutex<HashMap<Connection, prometheus_http_query::Client>>,
+    pub(super) prometheus: prometheus::Clients,
 }
 
 impl Context {
@@ -72,7 +72,7 @@ impl Context {
             settings,
             started: Instant::now(),
             pools: Mutex::default(),
-            prometheus: Mutex::default(),
+            prometheus: prometheus::Clients::default(),
         }
     }
 

@@ -31,10 +31,6 @@ use kube::runtime::watcher;
 use tracing::warn;
 
 pub use context::{Context, MANAGER, Settings};
-pub use measure::{
-    Connection, DEFAULT_JOB_TIME_WINDOW, DEFAULT_RATE_WINDOW, DEFAULT_RECENT_RATE_LOOKBACK,
-    LaneQueries, QueryWindows, pool_queries,
-};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,

@@ -112,9 +112,9 @@ pub fn lanepool_defaults(workers: u32) -> Autoscale {
     Autoscale {
         sizing,
         interval: super::scenario::nanos(spec.interval.get().unwrap_or_default()),
-        rate_window: nanos(crate::controller::DEFAULT_RATE_WINDOW),
+        rate_window: nanos(crate::prometheus::DEFAULT_RATE_WINDOW),
         scrape_interval: SCRAPE_INTERVAL,
-        job_time_window: nanos(crate::controller::DEFAULT_JOB_TIME_WINDOW),
+        job_time_window: nanos(crate::prometheus::DEFAULT_JOB_TIME_WINDOW),
         scrape_delay: 15_000_000_000,
         pod_start: 10_000_000_000,
     }

@@ -146,14 +146,14 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1)]
     pub shared_min: i32,
     /// Trailing window of the arrival-rate query.
-    #[arg(long, default_value = crate::controller::DEFAULT_RATE_WINDOW, value_parser = duration::flag)]
+    #[arg(long, default_value = crate::prometheus::DEFAULT_RATE_WINDOW, value_parser = duration::flag)]
     pub rate_window: Duration,
     /// How often Prometheus scrapes the workers: the recent arrival rate (irate) spans one
     /// scrape interval. 0: no recent rate, the operator follows --rate-window alone.
     #[arg(long, default_value = "15s", value_parser = duration::flag)]
     pub scrape_interval: Duration,
     /// Trailing window of the job-time query.
-    #[arg(long, default_value = crate::controller::DEFAULT_JOB_TIME_WINDOW, value_parser = duration::flag)]
+    #[arg(long, default_value = crate::prometheus::DEFAULT_JOB_TIME_WINDOW, value_parser = duration::flag)]
     pub job_time_window: Duration,
     /// Age of Prometheus's newest sample when the operator asks.
     #[arg(long, default_value = "15s", value_parser = duration::flag)]

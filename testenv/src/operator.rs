@@ -8,8 +8,9 @@ use kube::Client;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use lanepool::controller::{self, Context, QueryWindows, Settings};
+use lanepool::controller::{self, Context, Settings};
 use lanepool::metrics::Metrics;
+use lanepool::prometheus::QueryWindows;
 
 /// A controller task watching `namespaces` with `client`'s permissions.
 pub struct InProcessOperator {
