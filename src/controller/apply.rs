@@ -15,41 +15,8 @@ use super::context::{Context, MANAGER};
 use super::surge;
 use super::workers::{Role, TEMPLATE_HASH, pool_roles, worker_deployments};
 use crate::Result;
-use crate::api::{LanePool, LanePoolStatus};
+use crate::api::LanePool;
 use crate::sizing::Replicas;
-
-/// What the operator last applied: from the status when it has one, else from the Deployments.
-pub(super) fn applied_replicas(
-    pool: &LanePool,
-    status: &LanePoolStatus,
-    existing: &BTreeMap<String, Deployment>,
-) -> Option<Replicas> {
-    if status.observed_generation.is_some() && !status.lanes.is_empty() {
-        return Some(Replicas {
-            reserved: status
-                .lanes
-                .iter()
-                .map(|l| (l.name.clone(), l.reserve))
-                .collect(),
-            shared: status.shared,
-        });
-    }
-    let mut found = Replicas::default();
-    let mut shared = None;
-    for (name, role, _) in pool_roles(pool, &Replicas::default()) {
-        let Some(count) = existing.get(&name).and_then(spec_replicas) else {
-            continue;
-        };
-        match role {
-            Role::Reserved { lane } => {
-                found.reserved.insert(lane, count);
-            }
-            Role::Shared => shared = Some(count),
-        }
-    }
-    found.shared = shared?;
-    Some(found)
-}
 
 fn spec_replicas(deployment: &Deployment) -> Option<i32> {
     deployment.spec.as_ref()?.replicas

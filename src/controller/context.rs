@@ -12,10 +12,10 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
+use super::step::PoolMemory;
 use crate::api::LanePool;
 use crate::metrics::Metrics;
 use crate::prometheus::{self, QueryWindows};
-use crate::sizing::{History, Replicas};
 use crate::{Error, Result};
 
 /// The field manager of every write.
@@ -31,21 +31,6 @@ pub struct Settings {
     pub write_timeout: Duration,
     /// How long a shrinking Deployment waits for the growing ones to be ready; zero: no wait.
     pub surge_timeout: Duration,
-}
-
-/// What one pool's reconciles remember between runs.
-#[derive(Clone, Debug, Default)]
-pub(super) struct PoolMemory {
-    pub(super) history: History,
-    pub(super) measured_at: Option<Duration>,
-    pub(super) generation: Option<i64>,
-    /// The last decision.
-    pub(super) replicas: Option<Replicas>,
-    /// What was last applied to the Deployments: the decision, or a step of a surge towards it.
-    pub(super) applied: Option<Replicas>,
-    /// Since when a shrink has been waiting for the growing Deployments to be ready.
-    pub(super) surge_since: Option<Duration>,
-    pub(super) failures: u32,
 }
 
 /// Shared state of the controller.
@@ -83,6 +68,13 @@ impl Context {
             .get(key)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Keeps a reconcile's memory whole (the reconcile owns its pool's memory while it runs:
+    /// the controller never runs two reconciles of one pool at once).
+    pub(super) fn keep(&self, key: &ObjectRef<LanePool>, memory: &PoolMemory) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.insert(key.clone(), memory.clone());
     }
 
     pub(super) fn remember(&self, key: ObjectRef<LanePool>, update: impl FnOnce(&mut PoolMemory)) {

@@ -13,6 +13,7 @@ mod context;
 mod measure;
 mod report;
 mod status;
+mod step;
 mod surge;
 mod workers;
 
@@ -147,73 +148,67 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         .map(|d| (d.name_any(), d))
         .collect();
     let now = ctx.started.elapsed();
-    let memory = ctx.memory(&key);
-    // What this process applied last; the status (possibly a step behind, from the watch
-    // cache) or the Deployments only after a restart.
-    let applied = memory
-        .replicas
-        .clone()
-        .or_else(|| apply::applied_replicas(pool, &old_status, &existing));
-    let due = memory.replicas.is_none()
-        || memory.generation != pool.metadata.generation
-        || memory
-            .measured_at
-            .is_none_or(|at| now.saturating_sub(at) + interval / 10 >= interval);
-    let (decision, replicas, measured_at) = if due {
+    let mut memory = ctx.memory(&key);
+    let start = memory.start(pool.metadata.generation, interval, now, || {
+        step::recorded_replicas(pool, &old_status, &existing)
+    });
+    let decision = if start.due {
         let loads = measure::measure_pool(pool, ctx).await?;
         let decision = decide(
             &sizing,
             Inputs {
                 loads: &loads,
-                current: applied.as_ref(),
+                current: start.current.as_ref(),
                 history: &memory.history,
                 now,
             },
         );
-        let replicas = decision.replicas();
-        ctx.remember(key.clone(), |m| {
-            m.history = decision.history.clone();
-            m.measured_at = Some(now);
-            m.generation = pool.metadata.generation;
-            m.replicas = Some(replicas.clone());
-        });
-        (Some(decision), replicas, now)
+        memory.decided(&decision, pool.metadata.generation, now);
+        ctx.keep(&key, &memory);
+        Some(decision)
     } else {
-        let replicas = memory.replicas.clone().unwrap_or_default();
-        (None, replicas, memory.measured_at.unwrap_or(now))
+        None
     };
 
     // Growing Deployments get their counts at once; shrinking ones once the others are ready.
+    let previous = memory.applied.clone();
     let surge = apply::surge_step(
         pool,
         &existing,
-        &replicas,
-        memory.applied.as_ref(),
-        memory.surge_since.map(|since| now.saturating_sub(since)),
+        &memory.target(),
+        previous.as_ref(),
+        memory.surge_waited(now),
         ctx.settings.surge_timeout,
     );
-    let surge_since = surge.waiting.then(|| memory.surge_since.unwrap_or(now));
-    ctx.remember(key.clone(), |m| m.surge_since = surge_since);
+    memory.surging(surge.waiting, now);
+    ctx.keep(&key, &memory);
     apply::apply_deployments(
         pool,
         ctx,
         &deployments,
         &existing,
         &surge.replicas,
-        memory.applied.as_ref().or(applied.as_ref()),
+        previous.as_ref().or(start.current.as_ref()),
     )
     .await?;
-    ctx.remember(key, |m| m.applied = Some(surge.replicas.clone()));
+    memory.applied(surge.replicas);
+    ctx.keep(&key, &memory);
 
     if let Some(decision) = decision {
         let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
-        report::report_decision(pool, ctx, &old_status, &decision, applied.as_ref(), hpa).await?;
+        report::report_decision(
+            pool,
+            ctx,
+            &old_status,
+            &decision,
+            start.current.as_ref(),
+            hpa,
+        )
+        .await?;
     }
-    let mut wait = interval.saturating_sub(now.saturating_sub(measured_at));
-    if let Some(since) = surge_since {
-        // Readiness arrives as Deployment events; the timeout has to be watched for.
-        let timeout_at = since + ctx.settings.surge_timeout;
-        wait = wait.min(timeout_at.saturating_sub(now));
-    }
-    Ok(Action::requeue(wait.max(Duration::from_secs(1))))
+    Ok(Action::requeue(memory.requeue_after(
+        interval,
+        ctx.settings.surge_timeout,
+        now,
+    )))
 }

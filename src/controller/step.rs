@@ -1,0 +1,333 @@
+//! A reconcile's state, without I/O: what one pool's reconciles remember between runs, whether
+//! the pool is due for a measurement, which source says what its Deployments were last given,
+//! what to remember after each stage, and when to come back. The reconcile walks it forward:
+//! [`PoolMemory::start`], then [`PoolMemory::decided`] (when due), [`PoolMemory::surging`],
+//! [`PoolMemory::applied`] and [`PoolMemory::requeue_after`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+
+use super::workers::{Role, pool_roles};
+use crate::api::{LanePool, LanePoolStatus};
+use crate::sizing::{Decision, History, Replicas};
+
+/// What one pool's reconciles remember between runs. Times are since the process started.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct PoolMemory {
+    /// The recommendations the scale-down window looks back over.
+    pub(super) history: History,
+    pub(super) measured_at: Option<Duration>,
+    /// The spec generation the last decision was made for.
+    pub(super) generation: Option<i64>,
+    /// The last decision.
+    pub(super) replicas: Option<Replicas>,
+    /// What was last applied to the Deployments: the decision, or a step of a surge towards it.
+    pub(super) applied: Option<Replicas>,
+    /// Since when a shrink has been waiting for the growing Deployments to be ready.
+    pub(super) surge_since: Option<Duration>,
+    pub(super) failures: u32,
+}
+
+/// Where a reconcile starts from.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Start {
+    /// Measure and decide now; otherwise re-apply the last decision without querying.
+    pub(super) due: bool,
+    /// The replica counts the decision starts from: this process's last decision, or after a
+    /// restart what the status or the Deployments say; `None` for a new pool.
+    pub(super) current: Option<Replicas>,
+}
+
+impl PoolMemory {
+    /// Whether the pool is due and what it runs now. A pool is due on its first reconcile here,
+    /// when its spec changed, and once 90 % of the interval has passed since the last
+    /// measurement (so a requeue that fires a little early still measures).
+    pub(super) fn start(
+        &self,
+        generation: Option<i64>,
+        interval: Duration,
+        now: Duration,
+        recorded: impl FnOnce() -> Option<Replicas>,
+    ) -> Start {
+        let due = self.replicas.is_none()
+            || self.generation != generation
+            || self
+                .measured_at
+                .is_none_or(|at| now.saturating_sub(at) + interval / 10 >= interval);
+        Start {
+            due,
+            current: self.replicas.clone().or_else(recorded),
+        }
+    }
+
+    /// Remembers a decision made at `now` for the spec's `generation`.
+    pub(super) fn decided(&mut self, decision: &Decision, generation: Option<i64>, now: Duration) {
+        self.history = decision.history.clone();
+        self.measured_at = Some(now);
+        self.generation = generation;
+        self.replicas = Some(decision.replicas());
+    }
+
+    /// The counts the Deployments should reach: the last decision.
+    pub(super) fn target(&self) -> Replicas {
+        self.replicas.clone().unwrap_or_default()
+    }
+
+    /// How long a shrink has been waiting for the growing Deployments, if it has.
+    pub(super) fn surge_waited(&self, now: Duration) -> Option<Duration> {
+        self.surge_since.map(|since| now.saturating_sub(since))
+    }
+
+    /// Remembers whether a shrink is waiting: since the first time it was, until it is not.
+    pub(super) fn surging(&mut self, waiting: bool, now: Duration) {
+        self.surge_since = waiting.then(|| self.surge_since.unwrap_or(now));
+    }
+
+    /// Remembers what the Deployments were given.
+    pub(super) fn applied(&mut self, replicas: Replicas) {
+        self.applied = Some(replicas);
+    }
+
+    /// When to reconcile again: when the interval since the last measurement ends, or sooner
+    /// when a waiting shrink's timeout ends first (readiness arrives as Deployment events, the
+    /// timeout has to be watched for); never sooner than a second.
+    pub(super) fn requeue_after(
+        &self,
+        interval: Duration,
+        surge_timeout: Duration,
+        now: Duration,
+    ) -> Duration {
+        let measured_at = self.measured_at.unwrap_or(now);
+        let mut wait = interval.saturating_sub(now.saturating_sub(measured_at));
+        if let Some(since) = self.surge_since {
+            wait = wait.min((since + surge_timeout).saturating_sub(now));
+        }
+        wait.max(Duration::from_secs(1))
+    }
+}
+
+/// What the operator last applied, read after a restart: from the status when it has one, else
+/// from the Deployments; `None` when neither has every count.
+pub(super) fn recorded_replicas(
+    pool: &LanePool,
+    status: &LanePoolStatus,
+    existing: &BTreeMap<String, Deployment>,
+) -> Option<Replicas> {
+    if status.observed_generation.is_some() && !status.lanes.is_empty() {
+        return Some(Replicas {
+            reserved: status
+                .lanes
+                .iter()
+                .map(|l| (l.name.clone(), l.reserve))
+                .collect(),
+            shared: status.shared,
+        });
+    }
+    let mut found = Replicas::default();
+    let mut shared = None;
+    for (name, role, _) in pool_roles(pool, &Replicas::default()) {
+        let Some(count) = existing.get(&name).and_then(|d| d.spec.as_ref()?.replicas) else {
+            continue;
+        };
+        match role {
+            Role::Reserved { lane } => {
+                found.reserved.insert(lane, count);
+            }
+            Role::Shared => shared = Some(count),
+        }
+    }
+    found.shared = shared?;
+    Some(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LaneStatus;
+    use crate::sizing::{LaneDecision, Recommendation};
+    use k8s_openapi::api::apps::v1::DeploymentSpec;
+
+    const INTERVAL: Duration = Duration::from_secs(10);
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn replicas(reserved: i32, shared: i32) -> Replicas {
+        Replicas {
+            reserved: BTreeMap::from([("urgent".to_string(), reserved)]),
+            shared,
+        }
+    }
+
+    fn decision(reserved: i32, shared: i32, at: Duration) -> Decision {
+        Decision {
+            lanes: vec![LaneDecision {
+                name: "urgent".into(),
+                load: None,
+                needed: None,
+                recommended: reserved,
+                reserve: reserved,
+                arithmetic: None,
+                explanation: String::new(),
+            }],
+            shared,
+            history: BTreeMap::from([(
+                "urgent".to_string(),
+                vec![Recommendation {
+                    at,
+                    reserve: reserved,
+                }],
+            )]),
+            unavailable: vec![],
+            limited: vec![],
+        }
+    }
+
+    /// Memory after one decision of 2 reserved + 8 shared at `at`, generation 1.
+    fn after_decision(at: Duration) -> PoolMemory {
+        let mut memory = PoolMemory::default();
+        memory.decided(&decision(2, 8, at), Some(1), at);
+        memory
+    }
+
+    fn example() -> LanePool {
+        serde_yaml::from_str(include_str!("../../examples/lanepool.yaml")).unwrap()
+    }
+
+    fn deployment(replicas: i32) -> Deployment {
+        Deployment {
+            spec: Some(DeploymentSpec {
+                replicas: Some(replicas),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pool_new_to_this_process_is_due_and_starts_from_what_was_recorded() {
+        let start =
+            PoolMemory::default().start(Some(1), INTERVAL, secs(0), || Some(replicas(3, 7)));
+        assert_eq!(
+            start,
+            Start {
+                due: true,
+                current: Some(replicas(3, 7))
+            }
+        );
+    }
+
+    #[test]
+    fn this_process_trusts_its_own_decision_over_the_record() {
+        let memory = after_decision(secs(0));
+        let start = memory.start(Some(1), INTERVAL, secs(5), || {
+            panic!("the record is not read once there is a decision")
+        });
+        assert_eq!(start.current, Some(replicas(2, 8)));
+        assert!(!start.due);
+    }
+
+    #[test]
+    fn due_once_nine_tenths_of_the_interval_passed_or_the_spec_changed() {
+        let memory = after_decision(secs(100));
+        let due_at =
+            |now: Duration, generation| memory.start(generation, INTERVAL, now, || None).due;
+        assert!(!due_at(secs(100), Some(1)));
+        assert!(!due_at(Duration::from_millis(108_999), Some(1)));
+        assert!(due_at(secs(109), Some(1)));
+        assert!(
+            due_at(secs(101), Some(2)),
+            "a new generation is measured at once"
+        );
+        assert!(due_at(secs(200), Some(1)));
+    }
+
+    #[test]
+    fn a_decision_is_remembered_whole() {
+        let memory = after_decision(secs(30));
+        assert_eq!(memory.measured_at, Some(secs(30)));
+        assert_eq!(memory.generation, Some(1));
+        assert_eq!(memory.target(), replicas(2, 8));
+        assert_eq!(memory.history["urgent"][0].at, secs(30));
+        assert_eq!(memory.applied, None, "deciding is not applying");
+    }
+
+    #[test]
+    fn a_waiting_shrink_keeps_the_time_it_started_waiting() {
+        let mut memory = after_decision(secs(0));
+        assert_eq!(memory.surge_waited(secs(3)), None);
+        memory.surging(true, secs(3));
+        memory.surging(true, secs(8));
+        assert_eq!(memory.surge_since, Some(secs(3)));
+        assert_eq!(memory.surge_waited(secs(8)), Some(secs(5)));
+        memory.surging(false, secs(9));
+        assert_eq!(memory.surge_since, None);
+        memory.surging(true, secs(12));
+        assert_eq!(
+            memory.surge_since,
+            Some(secs(12)),
+            "a new wait starts afresh"
+        );
+    }
+
+    #[test]
+    fn requeue_at_the_next_measurement_or_the_surge_timeout_whichever_is_first() {
+        let mut memory = after_decision(secs(100));
+        let timeout = secs(120);
+        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(100)), secs(10));
+        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(104)), secs(6));
+        assert_eq!(
+            memory.requeue_after(INTERVAL, timeout, secs(130)),
+            secs(1),
+            "overdue: soon, but not in a loop"
+        );
+        memory.surging(true, secs(100));
+        let short = secs(3);
+        assert_eq!(memory.requeue_after(INTERVAL, short, secs(101)), secs(2));
+        assert_eq!(memory.requeue_after(INTERVAL, short, secs(104)), secs(1));
+        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(101)), secs(9));
+    }
+
+    #[test]
+    fn after_a_restart_the_status_is_the_record_when_it_has_lanes() {
+        let pool = example();
+        let status = LanePoolStatus {
+            observed_generation: Some(3),
+            shared: 6,
+            lanes: vec![LaneStatus {
+                name: "urgent".into(),
+                reserve: 4,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let existing = BTreeMap::from([
+            ("jobs-urgent-reserved".to_string(), deployment(1)),
+            ("jobs-shared".to_string(), deployment(9)),
+        ]);
+        assert_eq!(
+            recorded_replicas(&pool, &status, &existing),
+            Some(replicas(4, 6))
+        );
+    }
+
+    #[test]
+    fn without_a_status_the_deployments_are_the_record_and_need_the_shared_one() {
+        let pool = example();
+        let status = LanePoolStatus::default();
+        let both = BTreeMap::from([
+            ("jobs-urgent-reserved".to_string(), deployment(1)),
+            ("jobs-shared".to_string(), deployment(9)),
+        ]);
+        assert_eq!(
+            recorded_replicas(&pool, &status, &both),
+            Some(replicas(1, 9))
+        );
+        let reserved_only = BTreeMap::from([("jobs-urgent-reserved".to_string(), deployment(1))]);
+        assert_eq!(recorded_replicas(&pool, &status, &reserved_only), None);
+        assert_eq!(recorded_replicas(&pool, &status, &BTreeMap::new()), None);
+    }
+}
