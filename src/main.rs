@@ -26,7 +26,7 @@ enum Command {
     Plan(PlanArgs),
     /// Simulate a pool with an urgent lane and a batch backlog: latency and throughput of a
     /// split, the guide's table, or the operator's sizing in a closed loop.
-    Simulate(Box<lanepool::simulate::cli::SimulateArgs>),
+    Simulate(Box<lanepool::simulate::command::args::SimulateArgs>),
 }
 
 #[derive(clap::Args)]

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use crate::duration::{human_seconds, trim};
-use crate::simulate::arrivals::ArrivalKind;
-use crate::simulate::cli::parse_millis_range;
-use crate::simulate::scenario::{Arrangement, Scenario, nanos};
+use crate::simulate::ArrivalKind;
+use crate::simulate::command::args::parse_millis_range;
+use crate::simulate::{Arrangement, Scenario, nanos};
 use crate::simulate::{SimulateError, run};
 use crate::sizing::formula;
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use lanepool::duration;
-use lanepool::simulate::profile::RateProfile;
+use lanepool::simulate::RateProfile;
 
 use lanes::Lanes;
 

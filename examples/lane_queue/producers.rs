@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanepool::simulate::arrivals::{ArrivalKind, Arrivals};
-use lanepool::simulate::profile::RateProfile;
-use lanepool::simulate::rng::Pcg32;
+use lanepool::simulate::Pcg32;
+use lanepool::simulate::RateProfile;
+use lanepool::simulate::{ArrivalKind, Arrivals};
 
 use crate::lanes::Lanes;
 

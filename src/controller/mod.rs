@@ -40,7 +40,7 @@ pub use workers::{
 use crate::api::{LanePool, POOL_LABEL};
 use crate::sizing::{Inputs, PoolSizing, decide};
 use crate::{Error, Result};
-use status::Observed;
+use status::ConditionState;
 
 /// Runs the controller for `namespaces` (every namespace when empty) until `shutdown` resolves.
 pub async fn run(
@@ -119,7 +119,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     let old_status = pool.status.clone().unwrap_or_default();
 
     if pool.spec.paused {
-        let observed = [Observed::new(
+        let observed = [ConditionState::new(
             status::PAUSED,
             true,
             "Paused",

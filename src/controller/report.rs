@@ -8,7 +8,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
-use super::status::{self, Observed};
+use super::status::{self, ConditionState};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Replicas};
 use crate::{Error, Result};
@@ -65,7 +65,7 @@ pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error
     let mut new = old.clone();
     new.conditions = status::merge_conditions(
         &old.conditions,
-        &[Observed::new(
+        &[ConditionState::new(
             status::READY,
             false,
             error.reason(),

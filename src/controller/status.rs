@@ -15,14 +15,14 @@ pub const PAUSED: &str = "Paused";
 
 /// A condition before timestamps: type, status, reason, message.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Observed {
+pub struct ConditionState {
     pub type_: &'static str,
     pub status: bool,
     pub reason: String,
     pub message: String,
 }
 
-impl Observed {
+impl ConditionState {
     pub fn new(
         type_: &'static str,
         status: bool,
@@ -42,7 +42,7 @@ impl Observed {
 /// and keeping conditions of other types as they were.
 pub fn merge_conditions(
     old: &[Condition],
-    observed: &[Observed],
+    observed: &[ConditionState],
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
@@ -77,16 +77,16 @@ pub fn merge_conditions(
 }
 
 /// The conditions a decision implies.
-pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Observed> {
+pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<ConditionState> {
     let metrics = if decision.unavailable.is_empty() {
-        Observed::new(
+        ConditionState::new(
             METRICS_AVAILABLE,
             true,
             "Measured",
             "every reserve lane was measured",
         )
     } else {
-        Observed::new(
+        ConditionState::new(
             METRICS_AVAILABLE,
             false,
             "QueryFailed",
@@ -96,7 +96,7 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Obse
     let mut limits = decision.limited.clone();
     limits.extend(hpa.clone());
     let limited = if limits.is_empty() {
-        Observed::new(
+        ConditionState::new(
             SCALING_LIMITED,
             false,
             "WithinBounds",
@@ -108,10 +108,10 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Obse
         } else {
             "AtMax"
         };
-        Observed::new(SCALING_LIMITED, true, reason, limits.join("; "))
+        ConditionState::new(SCALING_LIMITED, true, reason, limits.join("; "))
     };
     vec![
-        Observed::new(
+        ConditionState::new(
             READY,
             true,
             "Applied",
@@ -119,7 +119,7 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Obse
         ),
         metrics,
         limited,
-        Observed::new(PAUSED, false, "Running", "the operator manages this pool"),
+        ConditionState::new(PAUSED, false, "Running", "the operator manages this pool"),
     ]
 }
 
@@ -242,20 +242,20 @@ mod tests {
         let later = Timestamp::from_second(2_000).unwrap();
         let first = merge_conditions(
             &[],
-            &[Observed::new(READY, true, "Applied", "")],
+            &[ConditionState::new(READY, true, "Applied", "")],
             Some(1),
             earlier,
         );
         let same = merge_conditions(
             &first,
-            &[Observed::new(READY, true, "Applied", "")],
+            &[ConditionState::new(READY, true, "Applied", "")],
             Some(1),
             later,
         );
         assert_eq!(same[0].last_transition_time, Time(earlier));
         let flipped = merge_conditions(
             &same,
-            &[Observed::new(READY, false, "Broken", "")],
+            &[ConditionState::new(READY, false, "Broken", "")],
             Some(1),
             later,
         );

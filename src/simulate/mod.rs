@@ -1,31 +1,23 @@
 //! `lanepool simulate`: a deterministic discrete-event simulation of a worker pool with an urgent
 //! lane and a batch backlog, so a split's urgent latency and batch throughput can be known
 //! before deploying, and the operator's own sizing can be run in a closed loop.
+//!
+//! - [`engine`]: the model (scenario, arrivals, pool, the operator's loop, outcome);
+//! - [`studies`]: what is measured with it (guide table, trade-off, suite, benchmark);
+//! - [`command`]: the `simulate` command line and how results are shown.
 
-pub mod arrivals;
-pub mod autoscale;
-pub mod bench;
-pub mod cli;
 pub mod command;
-pub mod engine;
-pub mod error;
-pub mod guide;
-pub mod observe;
-pub mod outcome;
-pub mod plot;
-pub mod pool;
-pub mod profile;
-pub mod report;
-pub mod rng;
-pub mod scenario;
-pub mod series;
-pub mod suite;
-pub mod tradeoff;
+pub(crate) mod engine;
+mod error;
+pub(crate) mod studies;
 
+pub use engine::arrivals::{ArrivalKind, Arrivals};
+pub use engine::outcome::{Outcome, Summary};
+pub use engine::profile::RateProfile;
+pub use engine::rng::Pcg32;
 pub use engine::run;
+pub use engine::scenario::{Arrangement, Autoscale, Scenario, nanos};
 pub use error::SimulateError;
-pub use outcome::{Outcome, Summary};
-pub use scenario::{Arrangement, Autoscale, Scenario};
 
 #[cfg(test)]
 mod tests;

@@ -3,11 +3,12 @@
 use clap::Parser;
 use proptest::prelude::*;
 
-use super::arrivals::ArrivalKind;
-use super::autoscale::lanepool_defaults as default_autoscale;
-use super::cli::SimulateArgs;
-use super::profile::RateProfile;
-use super::scenario::{Arrangement, Scenario};
+use super::command::args::SimulateArgs;
+use super::engine::arrivals::ArrivalKind;
+use super::engine::autoscale::lanepool_defaults as default_autoscale;
+use super::engine::profile::RateProfile;
+use super::engine::scenario::{Arrangement, Scenario};
+use super::studies::{guide, tradeoff};
 use super::*;
 
 fn guide(arrangement: Arrangement, rate: f64) -> Summary {

@@ -20,7 +20,7 @@ struct SeriesKey {
 }
 
 #[derive(Clone, Debug)]
-struct LaneLoad {
+struct SimulatedLane {
     arrival_rate: f64,
     job_seconds: f64,
     submitted: f64,
@@ -29,7 +29,7 @@ struct LaneLoad {
     since: Instant,
 }
 
-impl LaneLoad {
+impl SimulatedLane {
     /// Adds what the current load produced since the last update.
     fn advance(&mut self, now: Instant) {
         let jobs = self.arrival_rate * now.duration_since(self.since).as_secs_f64();
@@ -40,7 +40,7 @@ impl LaneLoad {
     }
 }
 
-type Lanes = Arc<Mutex<BTreeMap<SeriesKey, LaneLoad>>>;
+type Lanes = Arc<Mutex<BTreeMap<SeriesKey, SimulatedLane>>>;
 
 /// Serves `lanepool_jobs_submitted_total` and `lanepool_job_duration_seconds` for the lanes a
 /// test sets, on a port of 127.0.0.1.
@@ -99,7 +99,7 @@ impl SimulatedWorkers {
             lane: lane.into(),
         };
         let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        let load = lanes.entry(key).or_insert(LaneLoad {
+        let load = lanes.entry(key).or_insert(SimulatedLane {
             arrival_rate,
             job_seconds,
             submitted: 0.0,

@@ -4,10 +4,10 @@
 
 use std::collections::VecDeque;
 
-use super::scenario::{Nanos, Role};
+use super::scenario::{Nanos, Preference};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
+pub enum LaneKind {
     Urgent,
     Batch,
 }
@@ -16,7 +16,7 @@ pub enum Lane {
 pub enum State {
     Idle,
     Busy {
-        lane: Lane,
+        lane: LaneKind,
         submitted: Nanos,
     },
     /// Between a role change (or a new pod) and taking work.
@@ -26,17 +26,17 @@ pub enum State {
 
 #[derive(Clone, Debug)]
 pub struct Worker {
-    pub role: Role,
+    pub role: Preference,
     /// Leave once the current job is done (a reserved pod scaled away).
     pub leaving: bool,
     /// A new worker that, once ready, takes the place of one worker of this role (a surge).
-    pub replaces: Option<Role>,
+    pub replaces: Option<Preference>,
     pub state: State,
 }
 
 impl Worker {
     /// The role of a worker that is staying.
-    pub fn committed(&self) -> Option<Role> {
+    pub fn committed(&self) -> Option<Preference> {
         (self.state != State::Gone && !self.leaving).then_some(self.role)
     }
 }
@@ -51,19 +51,19 @@ pub struct Lanes {
 
 impl Lanes {
     /// The first non-empty lane in the role's preference order.
-    pub fn take(&mut self, role: Role) -> Option<(Lane, Nanos)> {
-        let urgent = |lanes: &mut Self| lanes.urgent.pop_front().map(|at| (Lane::Urgent, at));
+    pub fn take(&mut self, role: Preference) -> Option<(LaneKind, Nanos)> {
+        let urgent = |lanes: &mut Self| lanes.urgent.pop_front().map(|at| (LaneKind::Urgent, at));
         let batch = |lanes: &mut Self| {
             (lanes.batch > 0).then(|| {
                 lanes.batch -= 1;
-                (Lane::Batch, 0)
+                (LaneKind::Batch, 0)
             })
         };
         match role {
-            Role::UrgentOnly => urgent(self),
-            Role::BatchOnly => batch(self),
-            Role::UrgentFirst => urgent(self).or_else(|| batch(self)),
-            Role::BatchFirst => batch(self).or_else(|| urgent(self)),
+            Preference::UrgentOnly => urgent(self),
+            Preference::BatchOnly => batch(self),
+            Preference::UrgentFirst => urgent(self).or_else(|| batch(self)),
+            Preference::BatchFirst => batch(self).or_else(|| urgent(self)),
         }
     }
 }
@@ -72,11 +72,11 @@ impl Lanes {
 pub struct Pool {
     pub workers: Vec<Worker>,
     /// Idle workers by role; the most recently idle is woken first.
-    idle: [Vec<usize>; Role::COUNT],
+    idle: [Vec<usize>; Preference::COUNT],
 }
 
 impl Pool {
-    pub fn add(&mut self, role: Role, state: State) -> usize {
+    pub fn add(&mut self, role: Preference, state: State) -> usize {
         self.workers.push(Worker {
             role,
             leaving: false,
@@ -93,9 +93,13 @@ impl Pool {
 
     /// An idle worker that takes urgent jobs, reserved ones first.
     pub fn wake_for_urgent(&mut self) -> Option<usize> {
-        [Role::UrgentOnly, Role::UrgentFirst, Role::BatchFirst]
-            .into_iter()
-            .find_map(|role| self.idle[role.index()].pop())
+        [
+            Preference::UrgentOnly,
+            Preference::UrgentFirst,
+            Preference::BatchFirst,
+        ]
+        .into_iter()
+        .find_map(|role| self.idle[role.index()].pop())
     }
 
     fn leave_idle(&mut self, worker: usize) {
@@ -106,7 +110,7 @@ impl Pool {
     }
 
     /// Workers committed to `role`.
-    pub fn count(&self, role: Role) -> usize {
+    pub fn count(&self, role: Preference) -> usize {
         self.workers
             .iter()
             .filter(|w| w.committed() == Some(role))
@@ -115,7 +119,7 @@ impl Pool {
 
     /// Workers committed to `role` once every surge under way is over: those replaced by a
     /// starting worker are not counted.
-    pub fn target(&self, role: Role) -> usize {
+    pub fn target(&self, role: Preference) -> usize {
         let replaced = self
             .workers
             .iter()
@@ -128,7 +132,7 @@ impl Pool {
     /// first (a surge): a surge under way the other way is cancelled, otherwise a new `to`
     /// worker starts, and one `from` worker leaves only when it is ready. Returns the workers
     /// that must now start up.
-    pub fn surge(&mut self, from: Role, to: Role, how_many: usize) -> Vec<usize> {
+    pub fn surge(&mut self, from: Preference, to: Preference, how_many: usize) -> Vec<usize> {
         let mut left = how_many;
         for id in (0..self.workers.len()).rev() {
             let w = &self.workers[id];
@@ -152,7 +156,7 @@ impl Pool {
 
     /// Removes up to `how_many` workers of `role`: idle and starting ones at once, busy ones
     /// after their job.
-    pub fn remove(&mut self, role: Role, how_many: usize) {
+    pub fn remove(&mut self, role: Preference, how_many: usize) {
         let mut left = how_many;
         for busy_pass in [false, true] {
             for id in (0..self.workers.len()).rev() {
@@ -178,7 +182,7 @@ impl Pool {
     }
 
     /// Cancels up to `how_many` pending departures of `role`; returns how many were cancelled.
-    pub fn keep(&mut self, role: Role, how_many: usize) -> usize {
+    pub fn keep(&mut self, role: Preference, how_many: usize) -> usize {
         let mut kept = 0;
         for w in self.workers.iter_mut().rev() {
             if kept == how_many {
@@ -200,10 +204,10 @@ mod tests {
     fn pool(reserved: usize, shared: usize) -> Pool {
         let mut pool = Pool::default();
         for _ in 0..reserved {
-            pool.add(Role::UrgentOnly, State::Idle);
+            pool.add(Preference::UrgentOnly, State::Idle);
         }
         for _ in 0..shared {
-            pool.add(Role::UrgentFirst, State::Idle);
+            pool.add(Preference::UrgentFirst, State::Idle);
         }
         pool
     }
@@ -211,22 +215,22 @@ mod tests {
     #[test]
     fn a_surge_keeps_the_replaced_workers_until_the_new_ones_are_ready() {
         let mut pool = pool(1, 9);
-        let starting = pool.surge(Role::UrgentFirst, Role::UrgentOnly, 2);
+        let starting = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2);
         assert_eq!(starting.len(), 2);
         // Nobody has left yet: 9 shared workers still take jobs.
-        assert_eq!(pool.count(Role::UrgentFirst), 9);
-        assert_eq!(pool.target(Role::UrgentFirst), 7);
-        assert_eq!(pool.target(Role::UrgentOnly), 3);
+        assert_eq!(pool.count(Preference::UrgentFirst), 9);
+        assert_eq!(pool.target(Preference::UrgentFirst), 7);
+        assert_eq!(pool.target(Preference::UrgentOnly), 3);
     }
 
     #[test]
     fn a_surge_the_other_way_cancels_one_under_way() {
         let mut pool = pool(1, 9);
-        pool.surge(Role::UrgentFirst, Role::UrgentOnly, 2);
-        let starting = pool.surge(Role::UrgentOnly, Role::UrgentFirst, 1);
+        pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2);
+        let starting = pool.surge(Preference::UrgentOnly, Preference::UrgentFirst, 1);
         assert!(starting.is_empty());
-        assert_eq!(pool.target(Role::UrgentOnly), 2);
-        assert_eq!(pool.target(Role::UrgentFirst), 8);
-        assert_eq!(pool.count(Role::UrgentFirst), 9);
+        assert_eq!(pool.target(Preference::UrgentOnly), 2);
+        assert_eq!(pool.target(Preference::UrgentFirst), 8);
+        assert_eq!(pool.count(Preference::UrgentFirst), 9);
     }
 }

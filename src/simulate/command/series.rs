@@ -1,7 +1,7 @@
 //! The time series of a run as CSV, one row per window: urgent arrival rate, reserve, urgent
 //! completions and percentiles, batch throughput. Empty windows leave percentiles blank.
 
-use super::outcome::Outcome;
+use crate::simulate::engine::outcome::Outcome;
 
 pub const HEADER: &str =
     "start_s,urgent_rate,reserve,urgent_completed,urgent_p50_ms,urgent_p99_ms,batch_per_s";

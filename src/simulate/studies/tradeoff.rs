@@ -2,11 +2,11 @@
 //! split, for the autoscaled pool (the guide's formula and latency targets) and for an oracle
 //! that picks the best static split for each phase in hindsight. Item 5's evidence.
 
-use super::engine::run;
-use super::outcome::{Summary, summarize};
-use super::profile::RateProfile;
-use super::scenario::{Autoscale, Nanos, Scenario};
 use crate::duration::trim;
+use crate::simulate::engine::outcome::{Summary, summarize};
+use crate::simulate::engine::profile::RateProfile;
+use crate::simulate::engine::run;
+use crate::simulate::engine::scenario::{Autoscale, Nanos, Scenario};
 use crate::sizing::Rule;
 
 /// Latency targets tried for the autoscaled pool and the oracle, in milliseconds.

@@ -2,8 +2,8 @@
 //! (`0s=30,120s=150,180s=30`), or `day`, a day's shape squeezed into the run's duration.
 //! Parsing only; it never draws arrivals.
 
-use super::error::SimulateError;
 use crate::duration;
+use crate::simulate::SimulateError;
 
 /// Piecewise-constant rate: `steps[i]` holds from its start until the next step's start; the
 /// last holds for ever.

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use super::outcome::{Outcome, SeriesPoint};
 use crate::duration::trim;
+use crate::simulate::engine::outcome::{Outcome, SeriesPoint};
 
 const WIDTH: f64 = 800.0;
 const PANEL: f64 = 130.0;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::observe::Observed;
+use super::observe::Counters;
 use super::scenario::{Autoscale, Nanos};
 use crate::sizing::{Decision, History, Inputs, LaneLoad, RecentRate, Replicas, decide};
 
@@ -40,7 +40,7 @@ impl Control {
     }
 
     /// One evaluation at `now`; returns the reserve to run from now on.
-    pub fn evaluate(&mut self, now: Nanos, observed: &Observed, fallback_job: f64) -> i32 {
+    pub fn evaluate(&mut self, now: Nanos, observed: &Counters, fallback_job: f64) -> i32 {
         let c = &self.config;
         let load = match observed.arrival_rate(now, c.rate_window, c.scrape_delay) {
             None => Err("no samples yet".to_string()),

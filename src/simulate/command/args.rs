@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
-use super::arrivals::ArrivalKind;
-use super::error::SimulateError;
-use super::profile::RateProfile;
-use super::scenario::{Arrangement, Autoscale, Scenario, nanos};
 use crate::duration;
+use crate::simulate::SimulateError;
+use crate::simulate::engine::arrivals::ArrivalKind;
+use crate::simulate::engine::profile::RateProfile;
+use crate::simulate::engine::scenario::{Arrangement, Autoscale, Scenario, nanos};
 use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -379,7 +379,7 @@ impl SimulateArgs {
         Ok(Autoscale {
             sizing: PoolSizing {
                 lanes: vec![LaneSizing {
-                    name: super::autoscale::LANE.to_string(),
+                    name: crate::simulate::engine::autoscale::LANE.to_string(),
                     min: self.reserve_min,
                     max,
                     rule,

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use super::arrivals::ArrivalKind;
-use super::engine::run;
-use super::profile::RateProfile;
-use super::rng::Pcg32;
-use super::scenario::{Arrangement, Autoscale, Scenario};
 use super::tradeoff::{Oracle, Point, frontier, static_splits};
 use crate::duration::trim;
+use crate::simulate::engine::arrivals::ArrivalKind;
+use crate::simulate::engine::profile::RateProfile;
+use crate::simulate::engine::rng::Pcg32;
+use crate::simulate::engine::run;
+use crate::simulate::engine::scenario::{Arrangement, Autoscale, Scenario};
 
 /// Seeds every profile is run with.
 pub const SEEDS: [u64; 3] = [1, 2, 3];
@@ -198,7 +198,7 @@ pub fn shapes() -> Vec<Shape> {
 /// The pool every shape runs on: the guide's workers and jobs, Poisson arrivals, a backlog that
 /// never runs out.
 pub fn base(profile: RateProfile, duration: Duration, seed: u64) -> Scenario {
-    let duration = super::scenario::nanos(duration);
+    let duration = crate::simulate::engine::scenario::nanos(duration);
     Scenario {
         arrivals: ArrivalKind::Poisson,
         profile,

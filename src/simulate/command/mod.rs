@@ -1,11 +1,18 @@
 //! `lanepool simulate` from flags to printed text: picks the mode (guide table, benchmark, one
-//! run), runs it and writes the optional CSV and SVG files. Returns what to print.
+//! run), runs it and writes the optional CSV and SVG files. Returns what to print. The flags
+//! and their checks are in [`args`]; how a run is shown in `render`, `series` and `plot`.
 
 use std::path::Path;
 
-use super::cli::{OutputArg, SimulateArgs};
-use super::error::SimulateError;
-use super::{bench, engine, guide, plot, report, series, suite, tradeoff};
+pub mod args;
+mod plot;
+mod render;
+mod series;
+
+use crate::simulate::SimulateError;
+use crate::simulate::engine;
+use crate::simulate::studies::{bench, guide, suite, tradeoff};
+use args::{OutputArg, SimulateArgs};
 
 fn write(path: &Path, contents: &str) -> Result<(), SimulateError> {
     std::fs::write(path, contents).map_err(|source| SimulateError::Write {
@@ -24,7 +31,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     if args.suite {
         return Ok(suite::table(
             suite::DURATION,
-            &super::autoscale::lanepool_defaults(suite::WORKERS),
+            &crate::simulate::engine::autoscale::lanepool_defaults(suite::WORKERS),
         ));
     }
     if args.trade_off {
@@ -47,7 +54,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         write(path, &plot::svg(&outcome))?;
     }
     Ok(match args.output {
-        OutputArg::Json => report::json(&outcome),
-        OutputArg::Text => report::text(&scenario, &outcome),
+        OutputArg::Json => render::json(&outcome),
+        OutputArg::Text => render::text(&scenario, &outcome),
     })
 }

@@ -4,9 +4,9 @@
 
 use serde::Serialize;
 
-use super::outcome::{Outcome, Summary};
-use super::scenario::Scenario;
 use crate::duration::trim;
+use crate::simulate::engine::outcome::{Outcome, Summary};
+use crate::simulate::engine::scenario::Scenario;
 
 #[derive(Serialize)]
 struct Json {

@@ -5,7 +5,7 @@
 use super::scenario::{Nanos, seconds};
 
 #[derive(Debug, Default)]
-pub struct Observed {
+pub struct Counters {
     submitted: Vec<u32>,
     finished: Vec<u32>,
     /// Sum of urgent job times finished in each second, in seconds.
@@ -24,7 +24,7 @@ fn bump<T: Copy + Default + std::ops::AddAssign>(series: &mut Vec<T>, at: Nanos,
     series[i] += by;
 }
 
-impl Observed {
+impl Counters {
     pub fn submitted(&mut self, at: Nanos) {
         bump(&mut self.submitted, at, 1);
     }
@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn the_rate_lags_by_the_scrape_delay() {
-        let mut observed = Observed::default();
+        let mut observed = Counters::default();
         for i in 0..100 {
             observed.submitted(50 * S + i * S / 10);
         }
@@ -84,7 +84,7 @@ mod tests {
 
     #[test]
     fn no_finished_job_means_no_job_time_not_zero() {
-        let mut observed = Observed::default();
+        let mut observed = Counters::default();
         assert_eq!(observed.job_seconds(100 * S, 60 * S, 0), None);
         observed.finished(70 * S, S / 50);
         assert_eq!(observed.job_seconds(100 * S, 60 * S, 0), Some(0.02));

@@ -1,10 +1,10 @@
 //! `--guide-table`: the guide's 4 × 2 table (10 workers, 2 reserved, 2,000 backlog, 8 s, even
 //! arrivals at 30/s and 150/s) run here, each figure beside the guide's and the difference.
 
-use super::engine::run;
-use super::outcome::Summary;
-use super::scenario::{Arrangement, Scenario};
 use crate::duration::trim;
+use crate::simulate::engine::outcome::Summary;
+use crate::simulate::engine::run;
+use crate::simulate::engine::scenario::{Arrangement, Scenario};
 
 pub const RATES: [f64; 2] = [30.0, 150.0];
 

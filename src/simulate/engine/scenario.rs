@@ -51,13 +51,13 @@ impl Arrangement {
     }
 
     /// The role of the workers that are not reserved.
-    pub fn unreserved_role(self) -> Role {
+    pub fn unreserved_role(self) -> Preference {
         match self {
             // The whole backlog is queued at 0 s, ahead of every urgent job, so one FIFO queue
             // serves exactly as "batch first, then urgent".
-            Self::Fifo => Role::BatchFirst,
-            Self::Strict | Self::ReservedShared => Role::UrgentFirst,
-            Self::Dedicated => Role::BatchOnly,
+            Self::Fifo => Preference::BatchFirst,
+            Self::Strict | Self::ReservedShared => Preference::UrgentFirst,
+            Self::Dedicated => Preference::BatchOnly,
         }
     }
 
@@ -69,14 +69,14 @@ impl Arrangement {
 
 /// A worker's lane preference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+pub enum Preference {
     UrgentOnly,
     BatchOnly,
     UrgentFirst,
     BatchFirst,
 }
 
-impl Role {
+impl Preference {
     pub const COUNT: usize = 4;
 
     pub fn index(self) -> usize {

@@ -7,11 +7,11 @@ use std::collections::BinaryHeap;
 
 use super::arrivals::Arrivals;
 use super::autoscale::Control;
-use super::observe::Observed;
+use super::observe::Counters;
 use super::outcome::{Outcome, WindowCounts};
-use super::pool::{Lane, Lanes, Pool, State};
+use super::pool::{LaneKind, Lanes, Pool, State};
 use super::rng::Pcg32;
-use super::scenario::{Nanos, Role, Scenario, seconds};
+use super::scenario::{Nanos, Preference, Scenario, seconds};
 use crate::sizing::PoolSize;
 
 /// Runs a scenario to its end.
@@ -31,7 +31,7 @@ struct Engine<'a> {
     next_arrival: Option<Nanos>,
     control: Option<Control>,
     next_evaluation: Option<Nanos>,
-    observed: Observed,
+    observed: Counters,
     outcome: Outcome,
 }
 
@@ -76,7 +76,7 @@ impl<'a> Engine<'a> {
             next_arrival: None,
             control,
             next_evaluation,
-            observed: Observed::default(),
+            observed: Counters::default(),
             outcome: Outcome {
                 duration: scenario.duration,
                 window: scenario.window.max(1),
@@ -86,7 +86,7 @@ impl<'a> Engine<'a> {
                 ..Outcome::default()
             },
         };
-        let roles = std::iter::repeat_n(Role::UrgentOnly, reserved as usize).chain(
+        let roles = std::iter::repeat_n(Preference::UrgentOnly, reserved as usize).chain(
             std::iter::repeat_n(scenario.arrangement.unreserved_role(), unreserved as usize),
         );
         for role in roles {
@@ -171,14 +171,14 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn finish(&mut self, lane: Lane, submitted: Nanos, at: Nanos) {
+    fn finish(&mut self, lane: LaneKind, submitted: Nanos, at: Nanos) {
         match lane {
-            Lane::Urgent => {
+            LaneKind::Urgent => {
                 self.outcome.urgent_latencies.push(at - submitted);
                 self.window(at).urgent_completed += 1;
                 self.observed.finished(at, self.scenario.urgent_job);
             }
-            Lane::Batch => {
+            LaneKind::Batch => {
                 self.outcome.batch_completed += 1;
                 self.window(at).batch_completed += 1;
             }
@@ -190,8 +190,8 @@ impl<'a> Engine<'a> {
         match self.lanes.take(role) {
             Some((lane, submitted)) => {
                 let job = match lane {
-                    Lane::Urgent => self.scenario.urgent_job,
-                    Lane::Batch => {
+                    LaneKind::Urgent => self.scenario.urgent_job,
+                    LaneKind::Batch => {
                         let (low, high) = self.scenario.batch_job;
                         self.batch_times.between(low, high)
                     }
@@ -222,25 +222,25 @@ impl<'a> Engine<'a> {
         }
         self.outcome.reserve_steps.push((at, reserve as u32));
         let reserve = reserve as usize;
-        let current = self.pool.target(Role::UrgentOnly);
+        let current = self.pool.target(Preference::UrgentOnly);
         let unreserved = self.scenario.arrangement.unreserved_role();
         let starting = match size {
             PoolSize::Budget { .. } if reserve > current => {
                 self.pool
-                    .surge(unreserved, Role::UrgentOnly, reserve - current)
+                    .surge(unreserved, Preference::UrgentOnly, reserve - current)
             }
             PoolSize::Budget { .. } => {
                 self.pool
-                    .surge(Role::UrgentOnly, unreserved, current - reserve)
+                    .surge(Preference::UrgentOnly, unreserved, current - reserve)
             }
             PoolSize::Shared { .. } if reserve > current => {
-                let kept = self.pool.keep(Role::UrgentOnly, reserve - current);
+                let kept = self.pool.keep(Preference::UrgentOnly, reserve - current);
                 (kept..reserve - current)
-                    .map(|_| self.pool.add(Role::UrgentOnly, State::Starting))
+                    .map(|_| self.pool.add(Preference::UrgentOnly, State::Starting))
                     .collect()
             }
             PoolSize::Shared { .. } => {
-                self.pool.remove(Role::UrgentOnly, current - reserve);
+                self.pool.remove(Preference::UrgentOnly, current - reserve);
                 Vec::new()
             }
         };

@@ -3,12 +3,12 @@
 
 use std::time::Instant;
 
-use super::arrivals::ArrivalKind;
-use super::autoscale::lanepool_defaults;
-use super::engine;
 use super::guide::{self, RATES};
-use super::profile::RateProfile;
-use super::scenario::{Arrangement, Scenario};
+use crate::simulate::engine;
+use crate::simulate::engine::arrivals::ArrivalKind;
+use crate::simulate::engine::autoscale::lanepool_defaults;
+use crate::simulate::engine::profile::RateProfile;
+use crate::simulate::engine::scenario::{Arrangement, Scenario};
 use std::time::Duration;
 
 /// A day's shape over `duration`, Poisson, 1,000,000 backlog, the operator in the loop.
