@@ -82,7 +82,7 @@ pub struct LanePoolSpec {
     /// above it; raise it (the guide uses 1.5) for lower urgent latency at some batch cost.
     /// Greater than 0, at most 10.
     #[serde(default = "default_headroom")]
-    #[schemars(range(min = 0.0, max = 10.0), extend("exclusiveMinimum" = true))]
+    #[schemars(range(min = 0.0, max = MOST_HEADROOM), extend("exclusiveMinimum" = true))]
     pub headroom: f64,
 
     /// A fixed budget of workers: shared = totalWorkers − reserved, never below
@@ -358,6 +358,20 @@ pub struct LaneStatus {
 
 /// `spec.headroom` when not set.
 pub const DEFAULT_HEADROOM: f64 = 1.0;
+
+/// The most `spec.headroom` (and `--headroom`) may be; it must also be more than 0.
+pub const MOST_HEADROOM: f64 = 10.0;
+
+/// Checks a headroom against the CRD's bounds, in words that follow the field or flag's name.
+pub fn check_headroom(headroom: f64) -> Result<(), String> {
+    if headroom > 0.0 && headroom <= MOST_HEADROOM {
+        Ok(())
+    } else {
+        Err(format!(
+            "{headroom} must be more than 0 and at most {MOST_HEADROOM}"
+        ))
+    }
+}
 /// `spec.interval` when not set.
 pub const DEFAULT_INTERVAL: &str = "10s";
 /// `spec.scaleDown.stabilizationWindow` when not set.

@@ -2,7 +2,10 @@
 //! them so a LanePool round-trips unchanged. The CRD checks the syntax; parsing here must agree
 //! with it and must never turn a malformed value into zero.
 
+use std::sync::LazyLock;
 use std::{borrow::Cow, fmt, time::Duration};
+
+use regex::Regex;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -68,51 +71,51 @@ impl JsonSchema for KubeDuration {
     }
 }
 
-/// Parses `1h30m`, `250ms`, `1.5s` or `0`.
+/// Parses `1h30m`, `250ms`, `1.5s` or `0`: the CRD's [`PATTERN`] decides what is a duration,
+/// kube-core's Go-style duration parser what it means.
 pub fn parse(value: &str) -> Result<Duration, InvalidDuration> {
+    static GRAMMAR: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(PATTERN).expect("the CRD's duration pattern compiles"));
     let invalid = || InvalidDuration {
         value: value.to_string(),
     };
-    if value == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = value;
-    let mut total = 0f64;
-    if rest.is_empty() {
+    if !GRAMMAR.is_match(value) {
         return Err(invalid());
     }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let number: f64 = match &rest[..digits] {
-            n if n.is_empty() || n.starts_with('.') || n.ends_with('.') => return Err(invalid()),
-            n => n.parse().map_err(|_| invalid())?,
-        };
-        rest = &rest[digits..];
-        let (unit_seconds, unit_len) = if rest.starts_with("ms") {
-            (1e-3, 2)
-        } else if rest.starts_with('s') {
-            (1.0, 1)
-        } else if rest.starts_with('m') {
-            (60.0, 1)
-        } else if rest.starts_with('h') {
-            (3600.0, 1)
-        } else {
-            return Err(invalid());
-        };
-        total += number * unit_seconds;
-        rest = &rest[unit_len..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| invalid())
+    let go: kube::core::Duration = value.parse().map_err(|_| invalid())?;
+    Ok(go.into())
 }
 
-/// Formats seconds the way the guide writes job times: "20 ms", "1.5 s".
 /// [`parse`] as a clap `value_parser`: the error as text, for clap to name the flag.
 pub fn flag(value: &str) -> Result<Duration, String> {
     parse(value).map_err(|e| e.to_string())
 }
 
+/// A clap `value_parser` for a duration of at least `least`.
+pub fn at_least(least: Duration) -> impl Fn(&str) -> Result<Duration, String> + Clone {
+    move |value| match flag(value)? {
+        d if d >= least && !d.is_zero() => Ok(d),
+        _ if least.is_zero() => Err("must be more than 0".into()),
+        _ => Err(format!(
+            "must be at least {}",
+            human_seconds(least.as_secs_f64())
+        )),
+    }
+}
+
+/// A clap `value_parser` for a PromQL range such as `30s`, `1m` or `5m`: a whole number (more
+/// than 0) of seconds, minutes or hours, kept as written for the query.
+pub fn promql_window(value: &str) -> Result<String, String> {
+    static WINDOW: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new("^[1-9][0-9]*[smh]$").expect("the window pattern compiles"));
+    if WINDOW.is_match(value) {
+        Ok(value.to_string())
+    } else {
+        Err(format!("{value:?} is not a window such as 30s, 1m or 5m"))
+    }
+}
+
+/// Formats seconds the way the guide writes job times: "20 ms", "1.5 s".
 pub fn human_seconds(seconds: f64) -> String {
     if seconds < 1.0 {
         format!("{} ms", trim(seconds * 1e3))
@@ -150,11 +153,36 @@ mod tests {
         assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse("0"), Ok(Duration::ZERO));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse("1h0m0.5s"), Ok(Duration::from_millis(3_600_500)));
+    }
+
+    #[test]
+    fn flags_name_their_bound() {
+        assert_eq!(
+            at_least(Duration::ZERO)("0"),
+            Err("must be more than 0".into())
+        );
+        assert_eq!(
+            at_least(Duration::from_secs(2))("1s"),
+            Err("must be at least 2 s".into())
+        );
+        assert_eq!(
+            at_least(Duration::from_secs(2))("2s"),
+            Ok(Duration::from_secs(2))
+        );
+        assert!(flag("5x").unwrap_err().contains("is not a duration"));
+        assert_eq!(promql_window("1m"), Ok("1m".into()));
+        for bad in ["0m", "1.5m", "1ms", "90", "m", "01m", "1h30m"] {
+            assert!(promql_window(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]
     fn refuses_what_the_crd_pattern_refuses() {
-        for bad in ["", "5", "s", "5x", "-5s", "5 s", ".5s", "5.s", "1h30", "1d"] {
+        for bad in [
+            "", "5", "s", "5x", "-5s", "+5s", "5 s", ".5s", "5.s", "1h30", "1d", "5us", "5ns",
+            "5µs",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }
     }

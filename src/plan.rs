@@ -3,12 +3,80 @@
 
 use std::time::Duration;
 
+use crate::api::check_headroom;
 use crate::duration::{human_seconds, trim};
 use crate::simulate::ArrivalKind;
 use crate::simulate::command::args::parse_millis_range;
+use crate::simulate::{self, SimulateError};
 use crate::simulate::{Arrangement, Scenario, nanos};
-use crate::simulate::{SimulateError, run};
 use crate::sizing::formula;
+
+/// The flags of `lanepool plan`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(allow_negative_numbers = true)]
+pub struct PlanArgs {
+    /// The urgent lane's arrival rate, in jobs per second.
+    #[arg(long, value_name = "JOBS_PER_SECOND")]
+    pub urgent_rate: f64,
+    /// The urgent lane's mean job time, such as 20ms or 1.5s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::flag)]
+    pub job_time: std::time::Duration,
+    /// Multiplies busy workers to leave room for bursts (a LanePool's default: 1); more than 0,
+    /// at most 10.
+    #[arg(long, default_value_t = crate::api::DEFAULT_HEADROOM)]
+    pub headroom: f64,
+    /// Fewest reserved workers.
+    #[arg(long, default_value_t = 1)]
+    pub min: i32,
+    /// Most reserved workers.
+    #[arg(long)]
+    pub max: Option<i32>,
+    #[command(flatten)]
+    pub sweep: SweepArgs,
+}
+
+/// `lanepool plan`: the arithmetic, then the sweep's table when `--workers` is given.
+pub fn run(args: &PlanArgs) -> Result<Vec<String>, SimulateError> {
+    let input = check(args)?;
+    let rows = sweep(&input, &args.sweep)?;
+    let planned = plan(input);
+    let target_ms = args.sweep.target_p99.map(|t| t.as_secs_f64() * 1e3);
+    let mut lines = planned.lines;
+    if !rows.is_empty() {
+        lines.extend(sweep_lines(&rows, planned.reserve, target_ms));
+    }
+    Ok(lines)
+}
+
+/// Checks the flags, naming the one that is wrong.
+fn check(args: &PlanArgs) -> Result<PlanInput, SimulateError> {
+    if !(args.urgent_rate.is_finite() && args.urgent_rate >= 0.0) {
+        return Err(SimulateError::flag(
+            "--urgent-rate",
+            format!("{} must be 0 or more", args.urgent_rate),
+        ));
+    }
+    check_headroom(args.headroom).map_err(|reason| SimulateError::flag("--headroom", reason))?;
+    if args.min < 0 {
+        return Err(SimulateError::flag(
+            "--min",
+            format!("{} must be 0 or more", args.min),
+        ));
+    }
+    if let Some(max) = args.max.filter(|max| *max < args.min.max(1)) {
+        return Err(SimulateError::flag(
+            "--max",
+            format!("{max} must be at least --min and at least 1"),
+        ));
+    }
+    Ok(PlanInput {
+        arrival_rate: args.urgent_rate,
+        job_seconds: args.job_time.as_secs_f64(),
+        headroom: args.headroom,
+        min: args.min,
+        max: args.max,
+    })
+}
 
 /// `lanepool plan --workers N`: a sweep of every reserve, predicted by simulation.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -58,7 +126,7 @@ pub fn sweep(input: &PlanInput, args: &SweepArgs) -> Result<Vec<SweepRow>, Simul
     let duration = nanos(args.sweep_duration);
     Ok((0..workers)
         .map(|reserve| {
-            let s = run(&Scenario {
+            let s = simulate::run(&Scenario {
                 workers,
                 reserved: reserve,
                 urgent_job: (input.job_seconds * 1e9).round() as u64,

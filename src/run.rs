@@ -45,21 +45,21 @@ pub struct RunArgs {
 
     /// Trailing window of the default arrival-rate query: what status shows, and what the
     /// reserve follows while the recent rate has no answer.
-    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = crate::prometheus::DEFAULT_RATE_WINDOW, value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_RATE_WINDOW", default_value = crate::prometheus::DEFAULT_RATE_WINDOW, value_parser = duration::promql_window)]
     pub rate_window: String,
 
     /// Lookback of the recent arrival-rate query, irate() over the default metric: the rate of
     /// the last scrape interval, which the reserve follows both ways; it must hold two scrapes.
-    #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::prometheus::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::prometheus::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = duration::promql_window)]
     pub recent_rate_lookback: String,
 
     /// How often Prometheus scrapes the workers: the span of the recent rate. A rate counted
     /// over few arrivals needs a wider tolerance before the reserve follows it.
-    #[arg(long, env = "LANEPOOL_SCRAPE_INTERVAL", default_value = "15s", value_parser = duration_flag)]
+    #[arg(long, env = "LANEPOOL_SCRAPE_INTERVAL", default_value = "15s", value_parser = duration::at_least(Duration::ZERO))]
     pub scrape_interval: Duration,
 
     /// Trailing window of the default job-time query.
-    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = crate::prometheus::DEFAULT_JOB_TIME_WINDOW, value_parser = promql_duration)]
+    #[arg(long, env = "LANEPOOL_JOB_TIME_WINDOW", default_value = crate::prometheus::DEFAULT_JOB_TIME_WINDOW, value_parser = duration::promql_window)]
     pub job_time_window: String,
 
     /// Compete for a Lease so only one replica runs the controller.
@@ -71,7 +71,7 @@ pub struct RunArgs {
     pub leader_election_namespace: String,
 
     /// How long a leader holds the Lease without renewing it; at least 2s.
-    #[arg(long, env = "LANEPOOL_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = lease_duration)]
+    #[arg(long, env = "LANEPOOL_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = duration::at_least(Duration::from_secs(2)))]
     pub leader_election_lease_duration: Duration,
 
     /// This replica's identity in the Lease (in a pod: its name).
@@ -79,7 +79,7 @@ pub struct RunArgs {
     pub identity: Option<String>,
 
     /// How long one request to the API server (a write, or a list or get) may take.
-    #[arg(long, env = "LANEPOOL_WRITE_TIMEOUT", default_value = "10s", value_parser = duration_flag)]
+    #[arg(long, env = "LANEPOOL_WRITE_TIMEOUT", default_value = "10s", value_parser = duration::at_least(Duration::ZERO))]
     pub write_timeout: Duration,
 
     /// How long a shrinking Deployment waits for the growing ones to be ready (a surge: when
@@ -87,37 +87,6 @@ pub struct RunArgs {
     /// 0 shrinks at once.
     #[arg(long, env = "LANEPOOL_SURGE_TIMEOUT", default_value = "2m", value_parser = duration::flag)]
     pub surge_timeout: Duration,
-}
-
-fn lease_duration(value: &str) -> Result<Duration, String> {
-    match duration::parse(value) {
-        Ok(d) if d >= Duration::from_secs(2) => Ok(d),
-        Ok(_) => Err("must be at least 2s".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-fn duration_flag(value: &str) -> Result<Duration, String> {
-    match duration::parse(value) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be more than 0".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// A window PromQL accepts: a whole number of seconds, minutes or hours.
-fn promql_duration(value: &str) -> Result<String, String> {
-    let digits = value.trim_end_matches(['s', 'm', 'h']);
-    let unit = &value[digits.len()..];
-    if unit.len() == 1
-        && !digits.is_empty()
-        && digits.chars().all(|c| c.is_ascii_digit())
-        && digits != "0"
-    {
-        Ok(value.to_string())
-    } else {
-        Err(format!("{value:?} is not a window such as 30s, 1m or 5m"))
-    }
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::api::{LanePoolSpec, MetricsUnavailableAction, SizingMode};
+use crate::api::{LanePoolSpec, MetricsUnavailableAction, SizingMode, check_headroom};
 use crate::{Error, Result};
 
 /// A pool's sizing settings, read and checked from a LanePool spec.
@@ -57,12 +57,7 @@ impl PoolSizing {
     /// Reads the sizing settings from a spec, checking what the CRD also checks, so a spec that
     /// reached us some other way (a test, an old CRD) cannot produce a harmful decision.
     pub fn from_spec(spec: &LanePoolSpec) -> Result<Self> {
-        if !(spec.headroom > 0.0 && spec.headroom <= 10.0) {
-            return Err(Error::invalid(
-                "spec.headroom",
-                format!("{} is not greater than 0 and at most 10", spec.headroom),
-            ));
-        }
+        check_headroom(spec.headroom).map_err(|reason| Error::invalid("spec.headroom", reason))?;
         let mut lanes = Vec::new();
         let reserve_lanes = spec
             .lanes

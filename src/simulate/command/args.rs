@@ -306,11 +306,8 @@ impl SimulateArgs {
 
     fn autoscale_config(&self, reserved: u32) -> Result<Autoscale, SimulateError> {
         let workers = self.workers as i32;
-        check(
-            self.headroom > 0.0 && self.headroom <= 10.0,
-            "--headroom",
-            || format!("{} must be more than 0 and at most 10", self.headroom),
-        )?;
+        crate::api::check_headroom(self.headroom)
+            .map_err(|reason| SimulateError::flag("--headroom", reason))?;
         check(
             self.interval >= Duration::from_secs(1),
             "--interval",
