@@ -331,7 +331,11 @@ fn the_operator_runs_lanepool_run_locked_down() {
     .unwrap();
     let deployment = of_kind(&documents, "Deployment")[0];
     assert_eq!(deployment["spec"]["replicas"], 1);
-    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(
+        deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
     let pod = &deployment["spec"]["template"]["spec"];
     let sa = of_kind(&documents, "ServiceAccount")[0];
     assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
