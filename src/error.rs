@@ -25,6 +25,18 @@ pub enum Error {
         key: String,
     },
 
+    /// The pool names a Prometheus the operator may not send its credentials to.
+    #[error(
+        "spec.prometheus.url {url:?} is not allowed by the operator's --allowed-prometheus-urls ({allowed}); no connection was made"
+    )]
+    PrometheusUrlNotAllowed { url: String, allowed: String },
+
+    /// A Deployment the pool would write exists and belongs to something else.
+    #[error(
+        "Deployment {name:?} exists and is not this pool's ({owner}); nothing was written to it: rename the pool or the lane, or delete that Deployment"
+    )]
+    NameConflict { name: String, owner: String },
+
     /// The API server refused or failed a request.
     #[error("{action}: {source}")]
     Kube {
@@ -58,6 +70,8 @@ impl Error {
         match self {
             Self::Invalid { .. } | Self::Duration { .. } => "InvalidSpec",
             Self::MissingSecret { .. } => "MissingSecret",
+            Self::PrometheusUrlNotAllowed { .. } => "PrometheusURLNotAllowed",
+            Self::NameConflict { .. } => "NameConflict",
             Self::Kube { .. } => "ApiServerRefused",
             Self::Timeout { .. } => "ApiServerTimeout",
             Self::Serialize { .. } => "InternalError",
@@ -71,6 +85,8 @@ impl Error {
             Self::Duration { .. } => "invalid_duration",
             Self::Serialize { .. } => "serialize",
             Self::MissingSecret { .. } => "missing_secret",
+            Self::PrometheusUrlNotAllowed { .. } => "prometheus_url_not_allowed",
+            Self::NameConflict { .. } => "name_conflict",
             Self::Kube { .. } => "kube",
             Self::Timeout { .. } => "timeout",
         }

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::controller::{Context, Settings};
 use crate::metrics::Metrics;
-use crate::prometheus::QueryWindows;
+use crate::prometheus::{AllowedUrls, QueryWindows};
 use crate::server::{self, Health};
 use crate::{duration, leader};
 
@@ -21,6 +21,17 @@ pub struct RunArgs {
     /// Prometheus base URL for LanePools that name none in spec.prometheus.url.
     #[arg(long, env = "LANEPOOL_PROMETHEUS_URL", value_name = "URL")]
     pub prometheus_url: Option<String>,
+
+    /// The Prometheus URLs a LanePool may name, as comma-separated prefixes (scheme, host, port
+    /// and a path prefix). A pool naming any other gets Ready=False, PrometheusURLNotAllowed, and
+    /// no connection is made: its bearer token and headers never leave for a server of its
+    /// choosing. Unset: every URL is allowed (the chart sets it to its prometheusUrl).
+    #[arg(long, env = "LANEPOOL_ALLOWED_PROMETHEUS_URLS", value_name = "URL,...", value_parser = AllowedUrls::parse)]
+    pub allowed_prometheus_urls: Option<AllowedUrls>,
+
+    /// Most Prometheus queries in flight at once across every pool (Prometheus itself runs 20).
+    #[arg(long, env = "LANEPOOL_PROMETHEUS_CONCURRENCY", default_value_t = crate::prometheus::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub prometheus_concurrency: u16,
 
     /// Namespaces to watch, comma-separated; every namespace when empty.
     #[arg(
@@ -127,7 +138,17 @@ async fn operate(args: RunArgs) -> ExitCode {
     let health = Arc::new(Health {
         ready: Default::default(),
     });
+    if args.allowed_prometheus_urls.is_none() {
+        warn!(
+            "--allowed-prometheus-urls is not set: a LanePool may send its credentials to any Prometheus URL"
+        );
+    }
     let settings = Settings {
+        allowed_prometheus_urls: args
+            .allowed_prometheus_urls
+            .clone()
+            .unwrap_or_else(AllowedUrls::any),
+        prometheus_concurrency: args.prometheus_concurrency.into(),
         default_prometheus_url: args.prometheus_url.clone(),
         windows: QueryWindows {
             arrival_rate: args.rate_window.clone(),

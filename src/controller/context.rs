@@ -15,7 +15,7 @@ use tracing::warn;
 use super::step::PoolMemory;
 use crate::api::LanePool;
 use crate::metrics::Metrics;
-use crate::prometheus::{self, QueryWindows};
+use crate::prometheus::{self, AllowedUrls, QueryWindows};
 use crate::{Error, Result};
 
 /// The field manager of every write.
@@ -31,6 +31,10 @@ pub struct Settings {
     pub write_timeout: Duration,
     /// How long a shrinking Deployment waits for the growing ones to be ready; zero: no wait.
     pub surge_timeout: Duration,
+    /// The Prometheus URLs a pool may name.
+    pub allowed_prometheus_urls: AllowedUrls,
+    /// Most Prometheus queries in flight at once, across every pool.
+    pub prometheus_concurrency: usize,
 }
 
 /// Shared state of the controller.
@@ -50,6 +54,7 @@ impl Context {
             controller: "lanepool".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let prometheus = prometheus::Clients::new(settings.prometheus_concurrency);
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -57,7 +62,7 @@ impl Context {
             settings,
             started: Instant::now(),
             pools: Mutex::default(),
-            prometheus: prometheus::Clients::default(),
+            prometheus,
         }
     }
 

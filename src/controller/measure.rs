@@ -11,63 +11,117 @@ use kube::api::Api;
 
 use super::context::Context;
 use crate::api::LanePool;
+use crate::duration::human_seconds;
 use crate::metrics::Metrics;
-use crate::prometheus::{Connection, LaneQueries, pool_queries, query};
+use crate::prometheus::{Client, Connection, LaneQueries, pool_queries};
 use crate::sizing::{LaneLoad, RecentRate, lane_load, single_value};
 use crate::{Error, Result};
 
-/// Queries every lane and reads its load.
+/// Each lane's load, or why it has none.
+pub type Loads = BTreeMap<String, std::result::Result<LaneLoad, String>>;
+
+/// Queries every lane at once (each lane's queries at once too, within the operator's limit on
+/// queries in flight) and reads their loads; a lane still waiting at `deadline` is unavailable.
 pub async fn measure(
-    prometheus: &prometheus_http_query::Client,
+    prometheus: &Client,
     lanes: &[LaneQueries],
     metrics: &Metrics,
-) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
-    let mut loads = BTreeMap::new();
-    for lane in lanes {
-        let rate = query(prometheus, &lane.arrival_rate, metrics).await;
-        let job = query(prometheus, &lane.job_time, metrics).await;
-        let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
-        if let (Ok(load), Some(recent)) = (&mut load, &lane.recent_arrival_rate) {
-            // Without an answer (fewer than two samples yet) the long window decides alone.
-            let answer = query(prometheus, &recent.promql, metrics).await;
-            load.recent_arrival_rate =
-                single_value("recent arrival rate", &answer)
-                    .ok()
-                    .map(|per_second| RecentRate {
-                        per_second,
-                        window: recent.window,
-                    });
-        }
-        loads.insert(lane.lane.clone(), load);
+    deadline: Duration,
+) -> Loads {
+    let all = futures::future::join_all(
+        lanes
+            .iter()
+            .map(|lane| measure_lane(prometheus, lane, metrics)),
+    );
+    match tokio::time::timeout(deadline, all).await {
+        Ok(loads) => lanes.iter().map(|l| l.lane.clone()).zip(loads).collect(),
+        Err(_) => lanes
+            .iter()
+            .map(|l| {
+                let reason = format!(
+                    "lane {}: Prometheus did not answer within the reconcile's deadline of {}",
+                    l.lane,
+                    human_seconds(deadline.as_secs_f64())
+                );
+                (l.lane.clone(), Err(reason))
+            })
+            .collect(),
     }
-    loads
+}
+
+/// One lane's queries, at once.
+async fn measure_lane(
+    prometheus: &Client,
+    lane: &LaneQueries,
+    metrics: &Metrics,
+) -> std::result::Result<LaneLoad, String> {
+    let recent = async {
+        match &lane.recent_arrival_rate {
+            Some(recent) => Some((recent, prometheus.query(&recent.promql, metrics).await)),
+            None => None,
+        }
+    };
+    let (rate, job, recent) = futures::join!(
+        prometheus.query(&lane.arrival_rate, metrics),
+        prometheus.query(&lane.job_time, metrics),
+        recent,
+    );
+    let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
+    if let (Ok(load), Some((recent, answer))) = (&mut load, recent) {
+        // Without an answer (fewer than two samples yet) the long window decides alone.
+        load.recent_arrival_rate =
+            single_value("recent arrival rate", &answer)
+                .ok()
+                .map(|per_second| RecentRate {
+                    per_second,
+                    window: recent.window,
+                });
+    }
+    load
+}
+
+/// How long a pool's measurement may take: most of the interval, so a slow Prometheus delays
+/// the pool's next decision at most to its next interval.
+pub(super) fn deadline(interval: Duration) -> Duration {
+    (interval * 8 / 10).max(Duration::from_secs(1))
 }
 
 pub(super) async fn measure_pool(
     pool: &LanePool,
     ctx: &Context,
-) -> Result<BTreeMap<String, std::result::Result<LaneLoad, String>>> {
+    interval: Duration,
+) -> Result<Loads> {
     let queries = pool_queries(pool, &ctx.settings.windows)?;
-    let Some(connection) = connection(pool, ctx).await? else {
-        let reason =
-            "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url";
-        return Ok(queries
+    let unavailable = |reason: &str| -> Loads {
+        queries
             .iter()
             .map(|q| (q.lane.clone(), Err(reason.to_string())))
-            .collect());
+            .collect()
     };
-    let client = ctx.prometheus.get(&connection)?;
-    Ok(measure(&client, &queries, &ctx.metrics).await)
-}
-
-async fn connection(pool: &LanePool, ctx: &Context) -> Result<Option<Connection>> {
     let source = pool.spec.prometheus.clone().unwrap_or_default();
     let Some(url) = source
         .url
+        .clone()
         .or_else(|| ctx.settings.default_prometheus_url.clone())
     else {
-        return Ok(None);
+        return Ok(unavailable(
+            "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url",
+        ));
     };
+    // Before any Secret is read or any connection made.
+    if !ctx.settings.allowed_prometheus_urls.allows(&url) {
+        return Err(Error::PrometheusUrlNotAllowed {
+            url,
+            allowed: ctx.settings.allowed_prometheus_urls.describe(),
+        });
+    }
+    let connection = connection(pool, ctx, url).await?;
+    let client = ctx.prometheus.get(&connection)?;
+    Ok(measure(&client, &queries, &ctx.metrics, deadline(interval)).await)
+}
+
+async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Connection> {
+    let source = pool.spec.prometheus.clone().unwrap_or_default();
     let timeout = match &source.timeout {
         Some(t) => t.get().map_err(|e| Error::Duration {
             field: "spec.prometheus.timeout".into(),
@@ -108,11 +162,11 @@ async fn connection(pool: &LanePool, ctx: &Context) -> Result<Option<Connection>
     )
     .await?;
     let ca_pem = read("spec.prometheus.caSecret", source.ca_secret).await?;
-    Ok(Some(Connection {
+    Ok(Connection {
         url,
         timeout,
         bearer_token: token.map(|t| String::from_utf8_lossy(&t).into_owned()),
         ca_pem,
         headers: source.headers,
-    }))
+    })
 }

@@ -153,7 +153,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         step::recorded_replicas(pool, &old_status, &existing)
     });
     let decision = if start.due {
-        let loads = measure::measure_pool(pool, ctx).await?;
+        let loads = measure::measure_pool(pool, ctx, interval).await?;
         let decision = decide(
             &sizing,
             Inputs {

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use lanepool::controller::{self, Context, Settings};
 use lanepool::metrics::Metrics;
-use lanepool::prometheus::QueryWindows;
+use lanepool::prometheus::{AllowedUrls, QueryWindows};
 
 /// A controller task watching `namespaces` with `client`'s permissions.
 pub struct InProcessOperator {
@@ -38,6 +38,8 @@ impl InProcessOperator {
             },
             write_timeout: Duration::from_secs(10),
             surge_timeout: lanepool::controller::DEFAULT_SURGE_TIMEOUT,
+            allowed_prometheus_urls: AllowedUrls::any(),
+            prometheus_concurrency: lanepool::prometheus::DEFAULT_CONCURRENCY.into(),
         }
     }
 
