@@ -34,6 +34,7 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
     shortname = "lp",
     status = "LanePoolStatus",
     doc = "A worker pool with priority lanes: reserved workers per lane plus shared workers.",
+    validation = Rule::new("self.metadata.name.size() <= 63").message("a LanePool's name must be at most 63 characters: it is the value of its workers' lanepool.dev/pool label"),
     printcolumn(name = "Reserved", type_ = "integer", json_path = ".status.reserved"),
     printcolumn(name = "Shared", type_ = "integer", json_path = ".status.shared"),
     printcolumn(
@@ -66,6 +67,9 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
 #[x_kube(validation = Rule::new(
     "!has(self.totalWorkers) || self.totalWorkers >= self.lanes.filter(l, has(l.reserve)).map(l, l.reserve.max).sum() + (has(self.shared) && has(self.shared.minReplicas) ? self.shared.minReplicas : 1)"
 ).message("spec.totalWorkers must be at least the sum of every lane's reserve.max plus shared.minReplicas").field_path(".totalWorkers"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.prometheus) || !has(self.prometheus.timeout) || duration(self.prometheus.timeout) < duration(self.interval)"
+).message("spec.prometheus.timeout must be shorter than spec.interval").field_path(".prometheus.timeout"))]
 pub struct LanePoolSpec {
     /// Lanes in priority order: shared workers take the first lane with work waiting. At least
     /// one lane has a reserve and at least one has none (the lane shared workers fall back to).
@@ -232,6 +236,9 @@ pub struct SharedWorkers {
 /// Where Prometheus is and how to reach it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "(!has(self.bearerTokenSecret) && !has(self.caSecret)) || !has(self.url) || self.url.startsWith('https://')"
+).message("prometheus.url must start with https:// when a bearer token or CA is set: the token must not travel in clear").field_path(".url"))]
 pub struct PrometheusSource {
     /// Base URL, such as http://prometheus.monitoring:9090. Default: the operator's
     /// --prometheus-url.
@@ -240,22 +247,23 @@ pub struct PrometheusSource {
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("prometheus.url must start with http:// or https://"))]
     pub url: Option<String>,
 
-    /// HTTP timeout of each query. Default 5s; at most 1m.
+    /// HTTP timeout of each query. Default 5s; at most 1m and shorter than spec.interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1m')").message("prometheus.timeout must be more than 0 and at most 1m"))]
     pub timeout: Option<KubeDuration>,
 
-    /// A Secret key holding a bearer token sent with every query.
+    /// A Secret key holding a bearer token sent with every query; requires an https:// URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_secret: Option<SecretKeySelector>,
 
-    /// A Secret key holding the PEM CA bundle that signs Prometheus's certificate.
+    /// A Secret key holding the PEM CA bundle that signs Prometheus's certificate; requires an
+    /// https:// URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret: Option<SecretKeySelector>,
 
-    /// Extra HTTP headers, such as X-Scope-OrgID for a multi-tenant Prometheus.
+    /// Extra HTTP headers, such as X-Scope-OrgID for a multi-tenant Prometheus; at most 16.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(extend("maxProperties" = 16))]
     pub headers: BTreeMap<String, String>,
 }
 

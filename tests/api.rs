@@ -63,6 +63,20 @@ async fn refused(
 }
 
 #[tokio::test]
+async fn a_name_longer_than_a_label_value_is_refused_and_63_is_accepted() {
+    let (client, namespace) = client_and_namespace().await;
+    let name = "p".repeat(64);
+    let error = refused(&client, &namespace, &name, |_| {}).await;
+    assert_eq!(error.code, 422, "{error:?}");
+    assert!(error.message.contains("at most 63 characters"), "{error:?}");
+    let mut longest = example();
+    longest["metadata"]["name"] = json!("p".repeat(63));
+    create(&client, &namespace, longest)
+        .await
+        .expect("a 63-character name is a valid label value");
+}
+
+#[tokio::test]
 async fn the_example_is_accepted_and_read_back_intact() {
     let (client, namespace) = client_and_namespace().await;
     let created = create(&client, &namespace, example())
@@ -310,6 +324,41 @@ async fn bad_manifests_are_refused_with_the_field_named() {
             "zero-fallback",
             Box::new(|s| s["lanes"][0]["reserve"]["jobTime"]["fallback"] = json!("0s")),
             &["spec.lanes[0].reserve.jobTime.fallback"],
+        ),
+        (
+            "seventeen-headers",
+            Box::new(|s| {
+                s["prometheus"]["headers"] = json!(
+                    (0..17)
+                        .map(|i| (format!("X-H{i}"), "v"))
+                        .collect::<BTreeMap<_, _>>()
+                )
+            }),
+            &["spec.prometheus.headers"],
+        ),
+        (
+            "token-in-clear",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("http://prometheus.monitoring:9090");
+                s["prometheus"]["bearerTokenSecret"] = json!({"name": "prom", "key": "token"});
+            }),
+            &["spec.prometheus.url", "https://"],
+        ),
+        (
+            "ca-in-clear",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("http://prometheus.monitoring:9090");
+                s["prometheus"]["caSecret"] = json!({"name": "prom", "key": "ca.crt"});
+            }),
+            &["spec.prometheus.url", "https://"],
+        ),
+        (
+            "timeout-not-below-interval",
+            Box::new(|s| {
+                s["interval"] = json!("10s");
+                s["prometheus"]["timeout"] = json!("10s");
+            }),
+            &["spec.prometheus.timeout", "shorter than spec.interval"],
         ),
     ];
     assert!(cases.len() >= 12);

@@ -16,6 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use lanepool::api::LanePool;
+use lanepool::prometheus::AllowedUrls;
 use lanepool_testenv::{self as testenv, InProcessOperator, SimulatedWorkers, TestPrometheus};
 use serde_json::{Value, json};
 
@@ -357,6 +358,7 @@ fn the_operator_runs_lanepool_run_locked_down() {
         json!([
             "run",
             "--prometheus-url=http://prometheus.monitoring.svc:9090",
+            "--allowed-prometheus-urls=http://prometheus.monitoring.svc:9090",
             "--namespaces=team-a,team-b",
             "--metrics-addr=0.0.0.0:8080",
             "--log-format=json",
@@ -391,11 +393,81 @@ fn the_operator_runs_lanepool_run_locked_down() {
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
 }
 
+/// The ClusterRoles the operator is bound to: not the aggregated ones for people.
+fn operator_cluster_roles(documents: &[Value]) -> Vec<&Value> {
+    of_kind(documents, "ClusterRole")
+        .into_iter()
+        .filter(|r| {
+            !r["metadata"]["labels"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to-"))
+        })
+        .collect()
+}
+
+#[test]
+fn lanepools_join_the_built_in_edit_and_view_roles_without_secrets() {
+    let documents = template(&[]).unwrap();
+    let aggregated = |label: &str| -> Vec<&Value> {
+        of_kind(&documents, "ClusterRole")
+            .into_iter()
+            .filter(|r| r["metadata"]["labels"][label] == "true")
+            .collect()
+    };
+    let edit = aggregated("rbac.authorization.k8s.io/aggregate-to-edit");
+    let admin = aggregated("rbac.authorization.k8s.io/aggregate-to-admin");
+    let view = aggregated("rbac.authorization.k8s.io/aggregate-to-view");
+    assert_eq!((edit.len(), admin.len(), view.len()), (1, 1, 1));
+    assert_eq!(edit[0]["metadata"]["name"], admin[0]["metadata"]["name"]);
+    let verbs = |role: &Value, resource: &str| -> BTreeSet<String> {
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == resource)
+            })
+            .flat_map(|r| {
+                r["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    assert!(verbs(edit[0], "lanepools").is_superset(&BTreeSet::from(
+        ["create", "update", "patch", "delete"].map(String::from)
+    )));
+    assert_eq!(
+        verbs(view[0], "lanepools"),
+        BTreeSet::from(["get", "list", "watch"].map(String::from))
+    );
+    for role in [edit[0], view[0]] {
+        let text = role["rules"].to_string();
+        assert!(!text.contains("secrets") && !text.contains('*'), "{text}");
+    }
+    let none = template(&["rbac.aggregateToDefaultRoles=false"]).unwrap();
+    assert_eq!(
+        of_kind(&none, "ClusterRole").len(),
+        1,
+        "only the operator's"
+    );
+}
+
 #[test]
 fn rbac_is_exactly_what_the_operator_needs() {
     // Every namespace: one ClusterRole, bound to the ServiceAccount.
     let documents = template(&[]).unwrap();
-    let cluster_role = of_kind(&documents, "ClusterRole")[0];
+    let cluster_roles = operator_cluster_roles(&documents);
+    assert_eq!(cluster_roles.len(), 1);
+    let cluster_role = cluster_roles[0];
     assert_eq!(cluster_role["rules"], operator_rules());
     let binding = of_kind(&documents, "ClusterRoleBinding")[0];
     assert_eq!(binding["roleRef"]["name"], cluster_role["metadata"]["name"]);
@@ -412,7 +484,7 @@ fn rbac_is_exactly_what_the_operator_needs() {
 
     // Some namespaces: a Role and a RoleBinding in each, no cluster-wide grant.
     let documents = template(&["watchNamespaces={team-a,team-b}"]).unwrap();
-    assert!(of_kind(&documents, "ClusterRole").is_empty());
+    assert!(operator_cluster_roles(&documents).is_empty());
     assert!(of_kind(&documents, "ClusterRoleBinding").is_empty());
     for namespace in ["team-a", "team-b"] {
         let role = of_kind(&documents, "Role")
@@ -562,11 +634,19 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         }
     );
     assert!(args.contains(&format!("--prometheus-url={}", prometheus.url())));
+    // Credentials go to the chart's Prometheus and nowhere else.
+    let allowed_urls = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--allowed-prometheus-urls="))
+        .expect("the chart limits the Prometheus URLs to its prometheusUrl");
+    assert_eq!(allowed_urls, prometheus.url());
 
-    // The operator, in-process, with nothing but the chart's RBAC.
+    // The operator, in-process, with nothing but the chart's RBAC and its URL list.
     let user = format!("system:serviceaccount:{system}:{account}");
     let operator_client = impersonating(plane, &user).await;
-    let operator = InProcessOperator::start(operator_client.clone(), namespaces, prometheus.url());
+    let mut settings = InProcessOperator::settings(prometheus.url());
+    settings.allowed_prometheus_urls = AllowedUrls::parse(allowed_urls).unwrap();
+    let operator = InProcessOperator::start_with(operator_client.clone(), namespaces, settings);
 
     // The example pool, created by the admin; fast intervals, the test Prometheus.
     let yaml = std::fs::read_to_string(concat!(

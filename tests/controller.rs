@@ -377,7 +377,11 @@ async fn a_missing_secret_makes_the_pool_not_ready_and_others_carry_on() {
     let world = World::start("secret").await;
     world
         .apply_pool(|spec| {
-            spec["prometheus"] = json!({"bearerTokenSecret": {"name": "absent", "key": "token"}})
+            // https: a token is never read for a URL in clear.
+            spec["prometheus"] = json!({
+                "url": "https://127.0.0.1:9",
+                "bearerTokenSecret": {"name": "absent", "key": "token"}
+            })
         })
         .await;
     world

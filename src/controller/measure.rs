@@ -122,6 +122,15 @@ pub(super) async fn measure_pool(
 
 async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Connection> {
     let source = pool.spec.prometheus.clone().unwrap_or_default();
+    // The CRD checks this for a URL in the spec; the operator's --prometheus-url is checked here,
+    // before the Secret is read.
+    let credentials = source.bearer_token_secret.is_some() || source.ca_secret.is_some();
+    if credentials && !url.starts_with("https://") {
+        return Err(Error::invalid(
+            "spec.prometheus.url",
+            format!("{url:?} must be https:// when a bearer token or CA is set"),
+        ));
+    }
     let timeout = match &source.timeout {
         Some(t) => t.get().map_err(|e| Error::Duration {
             field: "spec.prometheus.timeout".into(),
