@@ -131,7 +131,9 @@ impl Context {
     ) {
         // The recorder merges events with the same reason and action into one series and keeps
         // the first note; so the action carries the note, and only identical events merge.
-        let action: String = note.chars().take(128).collect();
+        // The API server counts bytes: 128 for the action, 1 kB for the note.
+        let action = truncate_bytes(&note, 128).to_string();
+        let note = truncate_bytes(&note, 1024).to_string();
         let event = Event {
             type_,
             reason: reason.into(),
@@ -142,5 +144,38 @@ impl Context {
         if let Err(error) = self.recorder.publish(&event, &pool.object_ref(&())).await {
             warn!(%error, "could not publish an event");
         }
+    }
+}
+
+/// The longest start of `text` that fits in `bytes` bytes without splitting a character.
+pub(super) fn truncate_bytes(text: &str, bytes: usize) -> &str {
+    if text.len() <= bytes {
+        return text;
+    }
+    let end = (0..=bytes)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate_bytes;
+
+    #[test]
+    fn cuts_by_bytes_at_a_character_boundary() {
+        // "×" and "→" are two and three bytes: 128 characters of them are far over 128 bytes.
+        let note = "urgent 30/s × 20 ms × 2 = 1.2 → 2 → ".repeat(10);
+        let action = truncate_bytes(&note, 128);
+        assert!(
+            action.len() <= 128 && action.len() >= 126,
+            "{}",
+            action.len()
+        );
+        assert!(note.starts_with(action));
+        assert_eq!(truncate_bytes("→→", 4), "→");
+        assert_eq!(truncate_bytes("→", 2), "");
+        assert_eq!(truncate_bytes("short", 128), "short");
     }
 }

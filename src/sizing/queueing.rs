@@ -4,6 +4,10 @@
 /// forgives floating-point noise, so 100/s × 20 ms × 1.5 is 3, not 4.
 pub fn formula(arrival_rate: f64, job_seconds: f64, headroom: f64) -> (f64, i32) {
     let needed = arrival_rate * job_seconds * headroom;
+    if !needed.is_finite() {
+        // Finite inputs whose product overflows: as much as can be asked, never "no load".
+        return (needed, i32::MAX);
+    }
     let ceiling = (needed - 1e-9 * needed.max(1.0)).ceil();
     (needed, ceiling.clamp(0.0, i32::MAX as f64) as i32)
 }

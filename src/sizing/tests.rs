@@ -601,3 +601,59 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
     );
     assert_eq!(counted.lanes[0].reserve, 6);
 }
+
+#[test]
+fn a_product_that_overflows_is_capped_at_max_never_read_as_no_load() {
+    let sizing = budget();
+    let loads = loads(1e300, 1e300);
+    let decision = decide(
+        &sizing,
+        Inputs {
+            loads: &loads,
+            current: None,
+            history: &History::new(),
+            now: Duration::ZERO,
+        },
+    );
+    assert_eq!(decision.lanes[0].reserve, sizing.lanes[0].max);
+    assert!(!decision.limited.is_empty(), "reported as ScalingLimited");
+}
+
+/// Any float a server could send: ordinary, tiny, huge, negative, NaN and infinities.
+fn any_float() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        0.0f64..1e4,
+        prop::num::f64::ANY,
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(f64::MAX),
+        Just(f64::MIN_POSITIVE),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn any_answer_is_a_load_or_a_reason_and_any_load_a_bounded_decision(
+        sizing in arbitrary_pool(),
+        rate_series in prop::collection::vec(any_float(), 0..4),
+        job_series in prop::collection::vec(any_float(), 0..4),
+        fallback in prop::option::of(0.001f64..10.0),
+    ) {
+        let load = lane_load("urgent", &Ok(rate_series.clone()), &Ok(job_series), fallback);
+        if let Ok(load) = &load {
+            prop_assert_eq!(rate_series.len(), 1, "one series, or no load");
+            prop_assert!(load.arrival_rate.is_finite() && load.arrival_rate >= 0.0);
+            prop_assert!(load.job_seconds.is_none_or(|j| j.is_finite() && j >= 0.0));
+        }
+        let loads = BTreeMap::from([("urgent".to_string(), load)]);
+        let decision = at(&sizing, &loads, None, &History::new(), 0);
+        let lane = &sizing.lanes[0];
+        let reserve = decision.lanes[0].reserve;
+        prop_assert!(lane.min <= reserve && reserve <= lane.max);
+        if let PoolSize::Budget { total, shared_min } = sizing.size {
+            prop_assert_eq!(reserve + decision.shared, total);
+            prop_assert!(decision.shared >= shared_min);
+        }
+    }
+}
