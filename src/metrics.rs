@@ -148,6 +148,23 @@ impl Metrics {
             .set(i64::from(decision.shared));
     }
 
+    /// Removes a deleted pool's series, so the operator stops exporting it.
+    pub fn forget(&self, namespace: &str, pool: &str, lanes: impl IntoIterator<Item = String>) {
+        let pool_labels = vec![
+            ("namespace", namespace.to_string()),
+            ("pool", pool.to_string()),
+        ];
+        self.reconciles.remove(&pool_labels);
+        self.shared.remove(&pool_labels);
+        for lane in lanes {
+            let mut labels = pool_labels.clone();
+            labels.push(("lane", lane));
+            self.reserved.remove(&labels);
+            self.arrival_rate.remove(&labels);
+            self.job_seconds.remove(&labels);
+        }
+    }
+
     pub fn observe_query(&self, took: Duration, failure: Option<&str>) {
         self.query_duration.observe(took.as_secs_f64());
         if failure.is_some() {

@@ -3,6 +3,8 @@
 //! arrival rate, and failures (Prometheus down, bad PromQL, hand-scaling, missing Secrets) are
 //! handled the way the README promises.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -10,6 +12,7 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
+use lanepool::prometheus::AllowedUrls;
 use lanepool_testenv::{
     self as testenv, DeploymentReadiness, InProcessOperator, SimulatedWorkers, TestPrometheus,
 };
@@ -71,12 +74,18 @@ impl World {
     }
 
     async fn apply_pool(&self, change: impl FnOnce(&mut serde_json::Value)) {
+        self.apply_named("jobs", change).await
+    }
+
+    /// Creates the example pool as `name`, changed by `change`.
+    async fn apply_named(&self, name: &str, change: impl FnOnce(&mut serde_json::Value)) {
         let yaml = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/examples/lanepool.yaml"
         ))
         .unwrap();
         let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        manifest["metadata"]["name"] = json!(name);
         let spec = &mut manifest["spec"];
         spec["interval"] = json!("5s");
         spec["scaleDown"]["stabilizationWindow"] = json!("20s");
@@ -105,7 +114,14 @@ impl World {
     }
 
     async fn condition(&self, type_: &str) -> Option<(String, String, String)> {
-        let pool = self.pool().await;
+        self.condition_of("jobs", type_).await
+    }
+
+    async fn condition_of(&self, pool: &str, type_: &str) -> Option<(String, String, String)> {
+        let pool = Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
+            .get(pool)
+            .await
+            .unwrap();
         let c = pool
             .status?
             .conditions
@@ -636,4 +652,230 @@ async fn a_rate_on_an_integer_boundary_does_not_flap() {
         .filter_map(|l| l.arrival_rate_per_second)
         .collect();
     eprintln!("the rate read at the end: {rates:?}/s");
+}
+
+// ---- Hardening: one bad pool never hurts the others, credentials never leave ----
+
+/// A TCP server on 127.0.0.1 that hands every connection to `serve`, and counts connections.
+async fn hostile_server<F, Fut>(serve: F) -> (String, Arc<AtomicUsize>)
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    let serve = Arc::new(serve);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let serve = serve.clone();
+            tokio::spawn(async move { serve(stream).await });
+        }
+    });
+    (url, connections)
+}
+
+/// Streams an instant vector that never ends, as fast as the reader takes it.
+async fn endless_answer(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut request = [0u8; 4096];
+    let _ = stream.read(&mut request).await;
+    let head =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let start = r#"{"status":"success","data":{"resultType":"vector","result":["#;
+    let series = r#"{"metric":{"lane":"urgent"},"value":[1,"1"]},"#.repeat(1024);
+    let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
+    if stream.write_all(head.as_bytes()).await.is_err()
+        || stream.write_all(chunk(start).as_bytes()).await.is_err()
+    {
+        return;
+    }
+    let body = chunk(&series);
+    while stream.write_all(body.as_bytes()).await.is_ok() {}
+}
+
+/// Accepts, reads the request, and never answers.
+async fn never_answers(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut request = [0u8; 4096];
+    let _ = stream.read(&mut request).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+/// The peak resident memory of this process (the operator runs in it), in MiB.
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_or_hung_prometheus_fails_its_pool_only() {
+    let world = World::start("hostile").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(40, "the healthy pool sized: 1 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+    let before = peak_rss_mib();
+
+    let (endless, _) = hostile_server(endless_answer).await;
+    let (hung, _) = hostile_server(never_answers).await;
+    world
+        .apply_named("endless", |spec| {
+            spec["prometheus"] = json!({"url": endless, "timeout": "4s"})
+        })
+        .await;
+    world
+        .apply_named("hung", |spec| {
+            spec["prometheus"] = json!({"url": hung, "timeout": "4s"})
+        })
+        .await;
+    // The hung server is given up on at the query's timeout or the reconcile's deadline.
+    for (pool, says) in [
+        ("endless", ["longer than 1024 KiB", "longer than 1024 KiB"]),
+        ("hung", ["timed out", "deadline"]),
+    ] {
+        world
+            .until(
+                30,
+                &format!("{pool}: MetricsAvailable=False, {says:?}"),
+                || async {
+                    world
+                        .condition_of(pool, "MetricsAvailable")
+                        .await
+                        .is_some_and(|(status, _, message)| {
+                            status == "False" && says.iter().any(|s| message.contains(s))
+                        })
+                },
+            )
+            .await;
+    }
+
+    // The healthy pool keeps its interval (5 s) while the others fail: a rise reaches it.
+    world.urgent(150.0, 0.020);
+    let took = world
+        .until(20, "the healthy pool follows 150/s: 5 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+    let after = peak_rss_mib();
+    println!(
+        "healthy pool resized {:.1} s after the rise; peak RSS {before:.0} MiB before the hostile pools, {after:.0} MiB after",
+        took.as_secs_f64()
+    );
+    assert!(
+        after - before < 64.0,
+        "the endless answer is read at most 1 MiB at a time: {before:.0} → {after:.0} MiB"
+    );
+    // The hostile pools hold their counts (Hold starts at min), never zero.
+    assert_eq!(world.replicas("endless-urgent-reserved").await, Some(1));
+    assert_eq!(world.replicas("hung-urgent-reserved").await, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prometheus_url_not_allowed_is_never_connected_to() {
+    let (elsewhere, connections) = hostile_server(never_answers).await;
+    let world = World::start_with(
+        "allowed",
+        |settings| {
+            settings.allowed_prometheus_urls =
+                AllowedUrls::parse("http://prometheus.monitoring:9090").unwrap()
+        },
+        Duration::ZERO,
+    )
+    .await;
+    world
+        .apply_pool(|spec| {
+            spec["prometheus"] = json!({
+                "url": elsewhere,
+                "headers": {"Metadata-Flavor": "Google"}
+            })
+        })
+        .await;
+    world
+        .until(30, "Ready=False, PrometheusURLNotAllowed", || async {
+            world
+                .condition("Ready")
+                .await
+                .is_some_and(|(status, reason, message)| {
+                    status == "False"
+                        && reason == "PrometheusURLNotAllowed"
+                        && message.contains("--allowed-prometheus-urls")
+                })
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "no connection was made"
+    );
+    assert_eq!(
+        world.replicas("jobs-shared").await,
+        None,
+        "nothing was written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_of_the_same_name_that_is_not_the_pools_is_left_alone() {
+    let world = World::start("conflict").await;
+    world.urgent(30.0, 0.020);
+    // Someone else's Deployment under the name the pool's reserved workers would get (as pool
+    // "jobs-urgent" with lane "reserved"... or a hand-made one).
+    let foreign: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "jobs-urgent-reserved", "labels": {"app": "theirs"}},
+        "spec": {
+            "replicas": 7,
+            "selector": {"matchLabels": {"app": "theirs"}},
+            "template": {
+                "metadata": {"labels": {"app": "theirs"}},
+                "spec": {"containers": [{"name": "c", "image": "theirs:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    world
+        .deployments()
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    world.apply_pool(|_| {}).await;
+    world
+        .until(30, "Ready=False, NameConflict", || async {
+            world
+                .condition("Ready")
+                .await
+                .is_some_and(|(status, reason, message)| {
+                    status == "False"
+                        && reason == "NameConflict"
+                        && message.contains("jobs-urgent-reserved")
+                })
+        })
+        .await;
+    let theirs = world
+        .deployments()
+        .get("jobs-urgent-reserved")
+        .await
+        .unwrap();
+    assert_eq!(theirs.spec.as_ref().unwrap().replicas, Some(7));
+    assert_eq!(
+        theirs.labels().get("app").map(String::as_str),
+        Some("theirs")
+    );
+    assert!(theirs.owner_references().is_empty());
+    assert_eq!(
+        world.replicas("jobs-shared").await,
+        None,
+        "nothing written before the check"
+    );
 }

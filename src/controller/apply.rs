@@ -14,9 +14,9 @@ use tracing::info;
 use super::context::{Context, MANAGER};
 use super::surge;
 use super::workers::{Role, TEMPLATE_HASH, pool_roles, worker_deployments};
-use crate::Result;
 use crate::api::LanePool;
 use crate::sizing::Replicas;
+use crate::{Error, Result};
 
 fn spec_replicas(deployment: &Deployment) -> Option<i32> {
     deployment.spec.as_ref()?.replicas
@@ -97,6 +97,28 @@ pub(super) async fn apply_deployments(
     applied: Option<&Replicas>,
 ) -> Result<()> {
     let desired = worker_deployments(pool, replicas);
+    // Nothing is written over a Deployment that is not this pool's: check every name first.
+    for deployment in &desired {
+        let name = deployment.name_any();
+        let found = match existing.get(&name) {
+            Some(found) => Some(found.clone()),
+            None => {
+                ctx.read(
+                    format!("reading Deployment {name}"),
+                    deployments.get_opt(&name),
+                )
+                .await?
+            }
+        };
+        if let Some(found) = found
+            && !owned_by(pool, &found)
+        {
+            return Err(Error::NameConflict {
+                name,
+                owner: owner_of(&found),
+            });
+        }
+    }
     // What this operator set last, by Deployment name: a count that differs from both this and
     // the new decision was set by someone else.
     let before = counts_by_name(pool, applied);
@@ -135,11 +157,7 @@ pub(super) async fn apply_deployments(
     }
     // A lane that lost its reserve, or was renamed, leaves a Deployment behind: remove it.
     for (name, deployment) in existing {
-        let ours = deployment
-            .owner_references()
-            .iter()
-            .any(|o| o.uid == pool.uid().unwrap_or_default());
-        if ours && !desired.iter().any(|d| d.name_any() == *name) {
+        if owned_by(pool, deployment) && !desired.iter().any(|d| d.name_any() == *name) {
             ctx.write(
                 format!("deleting Deployment {name}"),
                 deployments.delete(name, &DeleteParams::default()),
@@ -148,6 +166,29 @@ pub(super) async fn apply_deployments(
         }
     }
     Ok(())
+}
+
+/// Whether this pool (this very object, by uid) controls the Deployment.
+fn owned_by(pool: &LanePool, deployment: &Deployment) -> bool {
+    let uid = pool.uid().unwrap_or_default();
+    deployment
+        .owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+}
+
+/// Who a Deployment belongs to, for the NameConflict message.
+fn owner_of(deployment: &Deployment) -> String {
+    let owners: Vec<String> = deployment
+        .owner_references()
+        .iter()
+        .map(|o| format!("{} {} (uid {})", o.kind, o.name, o.uid))
+        .collect();
+    if owners.is_empty() {
+        "it has no owner".into()
+    } else {
+        format!("owned by {}", owners.join(", "))
+    }
 }
 
 /// Whether a Deployment already carries the template we would apply (by its hash annotation).

@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
 use super::step::PoolMemory;
 use crate::api::LanePool;
 use crate::metrics::Metrics;
-use crate::prometheus::{self, AllowedUrls, QueryWindows};
+use crate::prometheus::{self, AllowedUrls, Connection, QueryWindows};
 use crate::{Error, Result};
 
 /// The field manager of every write.
@@ -37,6 +36,25 @@ pub struct Settings {
     pub prometheus_concurrency: usize,
 }
 
+/// Which pool a memory belongs to: by uid too, so a pool deleted and created again under the
+/// same name starts afresh.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct PoolKey {
+    pub(super) namespace: String,
+    pub(super) name: String,
+    pub(super) uid: String,
+}
+
+impl PoolKey {
+    pub(super) fn of(pool: &LanePool) -> Self {
+        Self {
+            namespace: pool.metadata.namespace.clone().unwrap_or_default(),
+            name: pool.metadata.name.clone().unwrap_or_default(),
+            uid: pool.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// Shared state of the controller.
 pub struct Context {
     pub client: Client,
@@ -44,7 +62,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
     pub(super) started: Instant,
-    pub(super) pools: Mutex<HashMap<ObjectRef<LanePool>, PoolMemory>>,
+    pub(super) pools: Mutex<HashMap<PoolKey, PoolMemory>>,
     pub(super) prometheus: prometheus::Clients,
 }
 
@@ -66,7 +84,7 @@ impl Context {
         }
     }
 
-    pub(super) fn memory(&self, key: &ObjectRef<LanePool>) -> PoolMemory {
+    pub(super) fn memory(&self, key: &PoolKey) -> PoolMemory {
         self.pools
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -77,14 +95,40 @@ impl Context {
 
     /// Keeps a reconcile's memory whole (the reconcile owns its pool's memory while it runs:
     /// the controller never runs two reconciles of one pool at once).
-    pub(super) fn keep(&self, key: &ObjectRef<LanePool>, memory: &PoolMemory) {
+    pub(super) fn keep(&self, key: &PoolKey, memory: &PoolMemory) {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         pools.insert(key.clone(), memory.clone());
     }
 
-    pub(super) fn remember(&self, key: ObjectRef<LanePool>, update: impl FnOnce(&mut PoolMemory)) {
+    pub(super) fn remember(&self, key: PoolKey, update: impl FnOnce(&mut PoolMemory)) {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         update(pools.entry(key).or_default());
+    }
+
+    /// Forgets every pool that no longer exists (`live` says which do): its memory, its metric
+    /// series, and the Prometheus clients no living pool uses.
+    pub(super) fn forget_deleted(&self, live: impl Fn(&PoolKey) -> bool) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.retain(|key, memory| {
+            if live(key) {
+                return true;
+            }
+            let lanes = memory.history.keys().cloned();
+            let lanes = lanes.chain(
+                memory
+                    .replicas
+                    .iter()
+                    .flat_map(|r| r.reserved.keys().cloned()),
+            );
+            self.metrics.forget(&key.namespace, &key.name, lanes);
+            false
+        });
+        let in_use: Vec<&Connection> = pools
+            .values()
+            .filter_map(|m| m.connection.as_ref())
+            .collect();
+        self.prometheus
+            .retain(|connection| in_use.contains(&connection));
     }
 
     /// Runs a write with the timeout and counts its result in `kube_writes`.

@@ -86,11 +86,12 @@ pub(super) fn deadline(interval: Duration) -> Duration {
     (interval * 8 / 10).max(Duration::from_secs(1))
 }
 
+/// The pool's loads, and the connection they were measured through (none without a URL).
 pub(super) async fn measure_pool(
     pool: &LanePool,
     ctx: &Context,
     interval: Duration,
-) -> Result<Loads> {
+) -> Result<(Loads, Option<Connection>)> {
     let queries = pool_queries(pool, &ctx.settings.windows)?;
     let unavailable = |reason: &str| -> Loads {
         queries
@@ -104,8 +105,11 @@ pub(super) async fn measure_pool(
         .clone()
         .or_else(|| ctx.settings.default_prometheus_url.clone())
     else {
-        return Ok(unavailable(
-            "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url",
+        return Ok((
+            unavailable(
+                "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url",
+            ),
+            None,
         ));
     };
     // Before any Secret is read or any connection made.
@@ -117,7 +121,8 @@ pub(super) async fn measure_pool(
     }
     let connection = connection(pool, ctx, url).await?;
     let client = ctx.prometheus.get(&connection)?;
-    Ok(measure(&client, &queries, &ctx.metrics, deadline(interval)).await)
+    let loads = measure(&client, &queries, &ctx.metrics, deadline(interval)).await;
+    Ok((loads, Some(connection)))
 }
 
 async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Connection> {

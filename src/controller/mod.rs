@@ -27,10 +27,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tracing::warn;
 
+use context::PoolKey;
 pub use context::{Context, MANAGER, Settings};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
@@ -53,26 +54,57 @@ pub async fn run(
     } else {
         namespaces.into_iter().map(Some).collect()
     };
-    let controllers = scopes.into_iter().map(|namespace| {
-        let client = ctx.client.clone();
-        let (pools, deployments): (Api<LanePool>, Api<Deployment>) = match &namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client, ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client)),
-        };
-        Controller::new(pools, watcher::Config::default())
-            .owns(deployments, watcher::Config::default().labels(POOL_LABEL))
-            .graceful_shutdown_on(shutdown.clone())
-            .run(reconcile, error_policy, ctx.clone())
-            .for_each(|result| async move {
-                if let Err(error) = result {
-                    warn!(%error, "reconcile failed");
-                }
-            })
-    });
-    futures::future::join_all(controllers).await;
+    let mut stores: Vec<Store<LanePool>> = Vec::new();
+    let controllers: Vec<_> = scopes
+        .into_iter()
+        .map(|namespace| {
+            let client = ctx.client.clone();
+            let (pools, deployments): (Api<LanePool>, Api<Deployment>) = match &namespace {
+                Some(ns) => (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client, ns),
+                ),
+                None => (Api::all(client.clone()), Api::all(client)),
+            };
+            let controller = Controller::new(pools, watcher::Config::default());
+            stores.push(controller.store());
+            controller
+                .owns(deployments, watcher::Config::default().labels(POOL_LABEL))
+                .graceful_shutdown_on(shutdown.clone())
+                .run(reconcile, error_policy, ctx.clone())
+                .for_each(|result| async move {
+                    if let Err(error) = result {
+                        warn!(%error, "reconcile failed");
+                    }
+                })
+        })
+        .collect();
+    let sweep = forget_deleted_pools(ctx, stores);
+    tokio::select! {
+        _ = futures::future::join_all(controllers) => {}
+        _ = sweep => {}
+    }
+}
+
+/// How often the memory, metric series and Prometheus clients of deleted pools are dropped.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Drops what the operator kept for pools that are gone, once the watches have listed them.
+async fn forget_deleted_pools(ctx: Arc<Context>, stores: Vec<Store<LanePool>>) {
+    for store in &stores {
+        if store.wait_until_ready().await.is_err() {
+            return;
+        }
+    }
+    loop {
+        tokio::time::sleep(SWEEP_INTERVAL).await;
+        let live: std::collections::HashSet<PoolKey> = stores
+            .iter()
+            .flat_map(|store| store.state())
+            .map(|pool| PoolKey::of(&pool))
+            .collect();
+        ctx.forget_deleted(|key| live.contains(key));
+    }
 }
 
 /// One reconcile of one LanePool.
@@ -82,7 +114,7 @@ pub async fn reconcile(pool: Arc<LanePool>, ctx: Arc<Context>) -> Result<Action>
     let name = pool.name_any();
     match reconcile_pool(&pool, &ctx).await {
         Ok(action) => {
-            ctx.remember(ObjectRef::from_obj(&*pool), |m| m.failures = 0);
+            ctx.remember(PoolKey::of(&pool), |m| m.failures = 0);
             ctx.metrics.reconciled(&namespace, &name, started.elapsed());
             Ok(action)
         }
@@ -96,7 +128,7 @@ pub async fn reconcile(pool: Arc<LanePool>, ctx: Arc<Context>) -> Result<Action>
 /// Counts the failure and retries with exponential backoff: 5 s, 10 s, … up to 5 minutes.
 pub fn error_policy(pool: Arc<LanePool>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_failed(error.metric_label());
-    let key = ObjectRef::from_obj(&*pool);
+    let key = PoolKey::of(&pool);
     let mut failures = 0;
     ctx.remember(key, |m| {
         m.failures = m.failures.saturating_add(1);
@@ -111,7 +143,7 @@ pub fn error_policy(pool: Arc<LanePool>, error: &Error, ctx: Arc<Context>) -> Ac
 async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    let key = ObjectRef::from_obj(pool);
+    let key = PoolKey::of(pool);
     let interval = pool.spec.interval.get().map_err(|source| Error::Duration {
         field: "spec.interval".into(),
         source,
@@ -153,7 +185,8 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         step::recorded_replicas(pool, &old_status, &existing)
     });
     let decision = if start.due {
-        let loads = measure::measure_pool(pool, ctx, interval).await?;
+        let (loads, connection) = measure::measure_pool(pool, ctx, interval).await?;
+        memory.connection = connection;
         let decision = decide(
             &sizing,
             Inputs {

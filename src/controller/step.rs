@@ -11,6 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 
 use super::workers::{Role, pool_roles};
 use crate::api::{LanePool, LanePoolStatus};
+use crate::prometheus::Connection;
 use crate::sizing::{Decision, History, Replicas};
 
 /// What one pool's reconciles remember between runs. Times are since the process started.
@@ -28,6 +29,8 @@ pub(super) struct PoolMemory {
     /// Since when a shrink has been waiting for the growing Deployments to be ready.
     pub(super) surge_since: Option<Duration>,
     pub(super) failures: u32,
+    /// How the pool last reached Prometheus: its client stays cached while the pool lives.
+    pub(super) connection: Option<Connection>,
 }
 
 /// Where a reconcile starts from.

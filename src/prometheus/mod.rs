@@ -24,14 +24,30 @@ pub use queries::{
     QueryWindows, RecentQuery, pool_queries,
 };
 
-/// How to reach Prometheus: everything that goes into the HTTP client.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// How to reach Prometheus: everything that goes into the HTTP client. Its Debug form hides
+/// the token.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Connection {
     pub url: String,
     pub timeout: Duration,
     pub bearer_token: Option<String>,
     pub ca_pem: Option<Vec<u8>>,
     pub headers: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field(
+                "bearer_token",
+                &self.bearer_token.as_ref().map(|_| "<hidden>"),
+            )
+            .field("ca_pem", &self.ca_pem.as_ref().map(|pem| pem.len()))
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// The operator's default limit on queries in flight at once (`--prometheus-concurrency`), below
