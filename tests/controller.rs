@@ -25,7 +25,7 @@ struct World {
     workers: SimulatedWorkers,
     prometheus: TestPrometheus,
     /// Stopped when the world is dropped.
-    _operator: InProcessOperator,
+    operator: Option<InProcessOperator>,
     /// Pods become ready at once: shrinks that wait for growth (a surge) go ahead.
     _readiness: DeploymentReadiness,
 }
@@ -63,9 +63,22 @@ impl World {
             namespace,
             workers,
             prometheus,
-            _operator: operator,
+            operator: Some(operator),
             _readiness: readiness,
         }
+    }
+
+    /// Kills the operator the way SIGKILL would and starts a new one: nothing carries over but
+    /// what is in the API server.
+    fn restart_operator(&mut self) {
+        if let Some(operator) = self.operator.take() {
+            operator.kill();
+        }
+        self.operator = Some(InProcessOperator::start(
+            self.client.clone(),
+            vec![self.namespace.clone()],
+            self.prometheus.url(),
+        ));
     }
 
     fn urgent(&self, rate: f64, job_seconds: f64) {
@@ -877,5 +890,42 @@ async fn a_deployment_of_the_same_name_that_is_not_the_pools_is_left_alone() {
         world.replicas("jobs-shared").await,
         None,
         "nothing written before the check"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_mid_scale_down_keeps_the_window_after_restart() {
+    let mut world = World::start("killed").await;
+    world.urgent(150.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(40, "5 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+    // The load falls; the 20 s window holds 5. Kill the operator before the window ends.
+    world.urgent(30.0, 0.020);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        world.replicas("jobs-urgent-reserved").await,
+        Some(5),
+        "held by the window"
+    );
+    world.restart_operator();
+    let killed = Instant::now();
+    // The new operator never shrinks sooner than the window after it starts.
+    let dropped = world
+        .until(60, "the reserve falls to 1 after the window", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+    let held = killed.elapsed().as_secs_f64();
+    println!(
+        "after the kill the reserve was held {held:.1} s (window 20 s), dropped within {:.1} s of polling",
+        dropped.as_secs_f64()
+    );
+    assert!(
+        held >= 19.0,
+        "the restart shortened the window: held {held:.1} s"
     );
 }

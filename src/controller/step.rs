@@ -111,15 +111,17 @@ impl PoolMemory {
     }
 }
 
-/// What the operator last applied, read after a restart: from the status when it has one, else
-/// from the Deployments; `None` when neither has every count.
+/// What the pool runs, read after a restart: per lane the larger of the status and the live
+/// Deployment (a restart mid-scale, before the status caught up, must not lose a grown reserve
+/// and so skip the scale-down window); shared workers as the Deployment has them, else as the
+/// status says. `None` when neither has every count.
 pub(super) fn recorded_replicas(
     pool: &LanePool,
     status: &LanePoolStatus,
     existing: &BTreeMap<String, Deployment>,
 ) -> Option<Replicas> {
-    if status.observed_generation.is_some() && !status.lanes.is_empty() {
-        return Some(Replicas {
+    let from_status =
+        (status.observed_generation.is_some() && !status.lanes.is_empty()).then(|| Replicas {
             reserved: status
                 .lanes
                 .iter()
@@ -127,22 +129,31 @@ pub(super) fn recorded_replicas(
                 .collect(),
             shared: status.shared,
         });
-    }
-    let mut found = Replicas::default();
-    let mut shared = None;
+    let mut live = Replicas::default();
+    let mut live_shared = None;
     for (name, role, _) in pool_roles(pool, &Replicas::default()) {
         let Some(count) = existing.get(&name).and_then(|d| d.spec.as_ref()?.replicas) else {
             continue;
         };
         match role {
             Role::Reserved { lane } => {
-                found.reserved.insert(lane, count);
+                live.reserved.insert(lane, count);
             }
-            Role::Shared => shared = Some(count),
+            Role::Shared => live_shared = Some(count),
         }
     }
-    found.shared = shared?;
-    Some(found)
+    let Some(mut recorded) = from_status else {
+        live.shared = live_shared?;
+        return Some(live);
+    };
+    for (lane, count) in live.reserved {
+        let reserve = recorded.reserved.entry(lane).or_insert(count);
+        *reserve = (*reserve).max(count);
+    }
+    if let Some(shared) = live_shared {
+        recorded.shared = shared;
+    }
+    Some(recorded)
 }
 
 #[cfg(test)]
@@ -295,6 +306,30 @@ mod tests {
     }
 
     #[test]
+    fn a_restart_mid_scale_keeps_the_grown_reserve_the_status_has_not_caught_up_with() {
+        let pool = example();
+        let status = LanePoolStatus {
+            observed_generation: Some(3),
+            shared: 8,
+            lanes: vec![LaneStatus {
+                name: "urgent".into(),
+                reserve: 2,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        // The operator grew the reserve to 5 and shrank shared to 5, then died before the status.
+        let existing = BTreeMap::from([
+            ("jobs-urgent-reserved".to_string(), deployment(5)),
+            ("jobs-shared".to_string(), deployment(5)),
+        ]);
+        assert_eq!(
+            recorded_replicas(&pool, &status, &existing),
+            Some(replicas(5, 5))
+        );
+    }
+
+    #[test]
     fn after_a_restart_the_status_is_the_record_when_it_has_lanes() {
         let pool = example();
         let status = LanePoolStatus {
@@ -307,10 +342,8 @@ mod tests {
             }],
             ..Default::default()
         };
-        let existing = BTreeMap::from([
-            ("jobs-urgent-reserved".to_string(), deployment(1)),
-            ("jobs-shared".to_string(), deployment(9)),
-        ]);
+        // The Deployments were shrunk by hand while the operator was away: the status is higher.
+        let existing = BTreeMap::from([("jobs-urgent-reserved".to_string(), deployment(1))]);
         assert_eq!(
             recorded_replicas(&pool, &status, &existing),
             Some(replicas(4, 6))

@@ -144,10 +144,11 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
                     Some(Err(reason)) => reason.clone(),
                     _ => format!("lane {}: not measured", lane.name),
                 };
-                if let Some(past) = inputs.history.get(&lane.name) {
-                    history.insert(lane.name.clone(), past.clone());
+                let (past, decision) =
+                    unmeasured_lane(sizing, lane, current, inputs.history, inputs.now, &reason);
+                if !past.is_empty() {
+                    history.insert(lane.name.clone(), past);
                 }
-                let decision = unmeasured_lane(sizing, lane, current, &reason);
                 unavailable.push(reason);
                 decision
             }
@@ -253,22 +254,9 @@ fn measured(
         )
     });
 
-    // Keep the recommendations inside the window. After a restart there are none: the current
-    // count stands in for them, so a restart never shortens the wait before scaling down.
     let window = sizing.stabilization_window;
-    let mut past: Vec<Recommendation> = match history.get(&lane.name) {
-        Some(past) => past.clone(),
-        None => current
-            .filter(|_| !window.is_zero())
-            .map(|reserve| vec![Recommendation { at: now, reserve }])
-            .unwrap_or_default(),
-    };
-    past.retain(|r| r.at <= now && now - r.at < window);
-    past.push(Recommendation {
-        at: now,
-        reserve: recommended,
-    });
-    let highest = past.iter().map(|r| r.reserve).max().unwrap_or(recommended);
+    let (past, highest) =
+        hold_in_window(window, history.get(&lane.name), current, now, recommended);
     let reserve = highest.clamp(lane.min, lane.max);
 
     let shown_rate = if load.recent_arrival_rate.is_some() {
@@ -324,19 +312,68 @@ fn measured(
     }
 }
 
+/// The scale-down window as a sliding maximum: the recommendations still inside `window`
+/// that a later one has not matched or beaten (so at most one per reserve count, however long
+/// the window), with `recommended` made `now` added, and the highest of them. After a restart
+/// there are none: the current count stands in for them, so a restart never shortens the wait
+/// before scaling down.
+fn hold_in_window(
+    window: Duration,
+    past: Option<&Vec<Recommendation>>,
+    current: Option<i32>,
+    now: Duration,
+    recommended: i32,
+) -> (Vec<Recommendation>, i32) {
+    let mut kept: Vec<Recommendation> = match past {
+        Some(past) => past.clone(),
+        None => current
+            .filter(|_| !window.is_zero())
+            .map(|reserve| vec![Recommendation { at: now, reserve }])
+            .unwrap_or_default(),
+    };
+    kept.retain(|r| r.at <= now && now - r.at < window && r.reserve > recommended);
+    kept.push(Recommendation {
+        at: now,
+        reserve: recommended,
+    });
+    let highest = kept.iter().map(|r| r.reserve).max().unwrap_or(recommended);
+    (kept, highest)
+}
+
+/// A lane without a measurement: `Hold` keeps its count; `FixedReserve` recommends the fixed
+/// count, which lowers the reserve only through the scale-down window like any other.
 fn unmeasured_lane(
     sizing: &PoolSizing,
     lane: &LaneSizing,
     current: Option<i32>,
+    history: &History,
+    now: Duration,
     reason: &str,
-) -> LaneDecision {
-    let (reserve, why) = match (sizing.on_unavailable, current) {
-        (UnavailablePolicy::Hold, Some(current)) => (current, "holding"),
-        (UnavailablePolicy::Hold, None) => (lane.min, "starting at min"),
-        (UnavailablePolicy::FixedReserve(n), _) => (n, "fixed reserve"),
+) -> (Vec<Recommendation>, LaneDecision) {
+    let past = history.get(&lane.name);
+    let (kept, reserve, why) = match (sizing.on_unavailable, current) {
+        (UnavailablePolicy::Hold, Some(current)) => {
+            (past.cloned().unwrap_or_default(), current, "holding")
+        }
+        (UnavailablePolicy::Hold, None) => (
+            past.cloned().unwrap_or_default(),
+            lane.min,
+            "starting at min",
+        ),
+        (UnavailablePolicy::FixedReserve(n), _) => {
+            let fixed = n.clamp(lane.min, lane.max);
+            let window = sizing.stabilization_window;
+            let (kept, highest) = hold_in_window(window, past, current, now, fixed);
+            let why = if highest > fixed {
+                "fixed reserve, held by the scale-down window"
+            } else {
+                "fixed reserve"
+            };
+            (kept, highest, why)
+        }
     };
     let reserve = reserve.clamp(lane.min, lane.max);
-    LaneDecision {
+    let decision = LaneDecision {
         name: lane.name.clone(),
         load: None,
         needed: None,
@@ -347,5 +384,6 @@ fn unmeasured_lane(
             "{}: metrics unavailable ({reason}); {why} → {reserve} reserved",
             lane.name
         ),
-    }
+    };
+    (kept, decision)
 }

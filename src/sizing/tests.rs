@@ -657,3 +657,72 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The window kept as a sliding maximum decides exactly what keeping every recommendation
+    /// would, and holds at most one recommendation per reserve count however long the window.
+    #[test]
+    fn the_window_is_a_sliding_maximum_of_bounded_size(
+        sizing in arbitrary_pool(),
+        rates in prop::collection::vec(0.0f64..1000.0, 1..120),
+        step_secs in 1u64..60,
+    ) {
+        let lane = &sizing.lanes[0];
+        let window = sizing.stabilization_window;
+        let mut current: Option<Replicas> = None;
+        let mut history = History::new();
+        let mut every: Vec<(u64, i32)> = Vec::new();
+        for (i, rate) in rates.iter().enumerate() {
+            let now = i as u64 * step_secs;
+            let d = at(&sizing, &loads(*rate, 0.02), current.as_ref(), &history, now);
+            // Without a past, the first current count stands in for one: there is none here.
+            every.push((now, d.lanes[0].recommended));
+            let naive = every
+                .iter()
+                .filter(|(at, _)| Duration::from_secs(now - at) < window || *at == now)
+                .map(|(_, r)| *r)
+                .max()
+                .unwrap();
+            prop_assert_eq!(d.lanes[0].reserve, naive.clamp(lane.min, lane.max));
+            let kept = d.history.get("urgent").map_or(0, Vec::len);
+            prop_assert!(kept <= (lane.max + 2) as usize, "{} kept", kept);
+            current = Some(d.replicas());
+            history = d.history;
+        }
+    }
+}
+
+#[test]
+fn a_fixed_reserve_lowers_the_reserve_only_through_the_window() {
+    let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 60);
+    sizing.on_unavailable = UnavailablePolicy::FixedReserve(1);
+    // 150/s × 20 ms × 1.5 = 4.5 → 5 reserved, then Prometheus goes away.
+    let measured = at(&sizing, &loads(150.0, 0.02), None, &History::new(), 0);
+    assert_eq!(measured.lanes[0].reserve, 5);
+    let gone = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
+    let during = at(
+        &sizing,
+        &gone,
+        Some(&measured.replicas()),
+        &measured.history,
+        30,
+    );
+    assert_eq!(
+        during.lanes[0].reserve, 5,
+        "{}",
+        during.lanes[0].explanation
+    );
+    assert!(
+        during.lanes[0]
+            .explanation
+            .contains("held by the scale-down window")
+    );
+    let after = at(
+        &sizing,
+        &gone,
+        Some(&during.replicas()),
+        &during.history,
+        61,
+    );
+    assert_eq!(after.lanes[0].reserve, 1, "{}", after.lanes[0].explanation);
+}

@@ -57,6 +57,15 @@ impl InProcessOperator {
         }
     }
 
+    /// Ends the controller at once, the way SIGKILL ends a process: in-flight reconciles are
+    /// dropped where they stand, nothing is written on the way out.
+    pub fn kill(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
     /// Stops the controller and waits up to `grace` for it to finish; false if it did not.
     pub async fn stop(mut self, grace: Duration) -> bool {
         if let Some(stop) = self.stop.take() {
