@@ -218,13 +218,12 @@ async fn operate(args: RunArgs) -> ExitCode {
             lost.store(true, Ordering::Relaxed);
         }
     };
-    let stop = futures::FutureExt::shared(Box::pin(async move {
-        tokio::select! {
-            _ = signal => {},
-            _ = lost_lease => {},
-        }
-    }));
-    crate::controller::run(ctx, args.namespaces, stop).await;
+    // SIGTERM lets the reconciles in flight finish; a lost lease drops them where they stand,
+    // so nothing more is written once another replica may hold the lease.
+    tokio::select! {
+        _ = crate::controller::run(ctx, args.namespaces, signal) => {}
+        _ = lost_lease => {}
+    }
     endpoint.abort();
     if lost.load(Ordering::Relaxed) {
         error!("lost the leader lease; exiting so that no two replicas write");

@@ -166,4 +166,59 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     })
     .await;
     assert!(second.log().contains("became the leader"));
+
+    // The API server frozen for 20 s (SIGSTOP): the leader cannot see its lease renewed and
+    // stops within the renew deadline, before the lease expires and another may take over; once
+    // the API server thaws, the standby takes the lease and reconciles.
+    let mut second = second;
+    let third = Operator::start("third", &namespace, plane.kubeconfig());
+    wait_for(20, "third waits as a standby", || async {
+        third.log().contains("waiting for the leader lease")
+    })
+    .await;
+    let api_server = plane.api_server_pid() as i32;
+    let frozen = Instant::now();
+    // SAFETY: kill(2) on the test's own API server process.
+    unsafe { libc_kill(api_server, 19) }; // SIGSTOP
+    let exited = loop {
+        if let Some(status) = second.child.try_wait().unwrap() {
+            break Some((status, frozen.elapsed()));
+        }
+        if frozen.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let left = Duration::from_secs(20).saturating_sub(frozen.elapsed());
+    tokio::time::sleep(left).await;
+    // SAFETY: as above.
+    unsafe { libc_kill(api_server, 18) }; // SIGCONT
+    let thawed = Instant::now();
+    let (status, took) = exited
+        .unwrap_or_else(|| panic!("the leader went on through a 20 s freeze: {}", second.log()));
+    assert!(!status.success(), "a lost lease exits with failure");
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped within the 3 s lease: {took:?}"
+    );
+    assert!(second.log().contains("renew deadline"), "{}", second.log());
+    wait_for(30, "third holds the lease after the thaw", || async {
+        holder(&leases).await.as_deref() == Some("third")
+    })
+    .await;
+    create_pool(&pools, "thawed").await;
+    wait_for(30, "the new leader reconciles after the thaw", || async {
+        deployments
+            .get_opt("thawed-shared")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    eprintln!(
+        "API server frozen 20 s: the leader stopped {:.1} s into the freeze (lease 3 s); the standby led and reconciled {:.1} s after the thaw",
+        took.as_secs_f64(),
+        thawed.elapsed().as_secs_f64()
+    );
 }

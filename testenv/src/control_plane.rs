@@ -129,6 +129,11 @@ impl ControlPlane {
         self.processes.iter().map(|p| p.child.id()).collect()
     }
 
+    /// The kube-apiserver's pid, to freeze (SIGSTOP) and thaw (SIGCONT) it in fault tests.
+    pub fn api_server_pid(&self) -> u32 {
+        self.processes[1].child.id()
+    }
+
     /// Lets the processes go on running after this value is dropped.
     pub fn detach(mut self) {
         for process in std::mem::take(&mut self.processes) {
