@@ -929,3 +929,51 @@ async fn an_operator_killed_mid_scale_down_keeps_the_window_after_restart() {
         "the restart shortened the window: held {held:.1} s"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubectl_set_image_on_a_managed_deployment_is_undone_once() {
+    let world = World::start("drift").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    world
+        .until(30, "both Deployments", || async {
+            world.replicas("jobs-shared").await.is_some()
+        })
+        .await;
+    let image = |d: Deployment| {
+        d.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap_or_default()
+    };
+    let ours = image(world.deployments().get("jobs-shared").await.unwrap());
+    // What `kubectl set image deployment/jobs-shared worker=…:debug` sends.
+    let patch = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "worker", "image": "ghcr.io/lanepool/lane-worker:debug"}
+    ]}}}});
+    world
+        .deployments()
+        .patch(
+            "jobs-shared",
+            &PatchParams {
+                field_manager: Some("kubectl-set".into()),
+                ..Default::default()
+            },
+            &Patch::Strategic(&patch),
+        )
+        .await
+        .unwrap();
+    world
+        .until(20, "the pool's image is back", || async {
+            image(world.deployments().get("jobs-shared").await.unwrap()) == ours
+        })
+        .await;
+    // Applied once, not on every reconcile after: the spec's generation stands still.
+    let generation = |d: Deployment| d.metadata.generation;
+    let after = generation(world.deployments().get("jobs-shared").await.unwrap());
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        generation(world.deployments().get("jobs-shared").await.unwrap()),
+        after
+    );
+}

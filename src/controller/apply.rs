@@ -143,6 +143,7 @@ pub(super) async fn apply_deployments(
         if existing.contains_key(&name)
             && found == Some(want)
             && same_template(&existing[&name], deployment)
+            && template_kept(&existing[&name], deployment)
         {
             continue;
         }
@@ -191,6 +192,37 @@ fn owner_of(deployment: &Deployment) -> String {
     }
 }
 
+/// Whether the live pod template still holds every value this operator sets: `kubectl set
+/// image` or `kubectl edit` change the template without touching the hash annotation. Fields the
+/// API server fills in (defaults) are not ours and do not count.
+fn template_kept(found: &Deployment, desired: &Deployment) -> bool {
+    let template = |d: &Deployment| {
+        d.spec
+            .as_ref()
+            .and_then(|spec| serde_json::to_value(&spec.template).ok())
+    };
+    match (template(found), template(desired)) {
+        (Some(live), Some(ours)) => covers(&live, &ours),
+        _ => false,
+    }
+}
+
+/// Whether `live` has every value of `ours`: objects key by key, lists item by item, anything
+/// else equal. What another field manager added (a sidecar container) is not drift: applying
+/// again would not remove it.
+fn covers(live: &serde_json::Value, ours: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (live, ours) {
+        (Value::Object(live), Value::Object(ours)) => ours
+            .iter()
+            .all(|(key, value)| live.get(key).is_some_and(|l| covers(l, value))),
+        (Value::Array(live), Value::Array(ours)) => {
+            live.len() >= ours.len() && live.iter().zip(ours).all(|(l, o)| covers(l, o))
+        }
+        (live, ours) => live == ours,
+    }
+}
+
 /// Whether a Deployment already carries the template we would apply (by its hash annotation).
 /// Saves a write per Deployment on every event.
 fn same_template(found: &Deployment, desired: &Deployment) -> bool {
@@ -221,4 +253,29 @@ pub(super) async fn autoscaler_conflict(
             hpa.name_any(),
         ))
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_added_by_the_api_server_are_not_drift_and_a_changed_value_is() {
+        let ours = json!({"spec": {"containers": [{"name": "w", "image": "worker:1"}]}});
+        let defaulted = json!({"spec": {"containers": [{"name": "w", "image": "worker:1",
+            "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log"}],
+            "restartPolicy": "Always"}});
+        assert!(covers(&defaulted, &ours));
+        let set_image = json!({"spec": {"containers": [{"name": "w", "image": "worker:2"}]}});
+        assert!(!covers(&set_image, &ours));
+        let sidecar = json!({"spec": {"containers": [{"name": "w", "image": "worker:1"},
+            {"name": "debug", "image": "busybox"}]}});
+        assert!(
+            covers(&sidecar, &ours),
+            "applying again would not remove it"
+        );
+        let removed = json!({"spec": {"containers": []}});
+        assert!(!covers(&removed, &ours));
+    }
 }

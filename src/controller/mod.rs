@@ -243,5 +243,6 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         interval,
         ctx.settings.surge_timeout,
         now,
+        step::jitter(&key.uid),
     )))
 }

@@ -33,6 +33,18 @@ pub(super) struct PoolMemory {
     pub(super) connection: Option<Connection>,
 }
 
+/// The largest share of the interval a requeue comes early by: below the tenth that
+/// [`PoolMemory::start`] forgives, so an early requeue still measures.
+pub(super) const MOST_JITTER: f64 = 0.08;
+
+/// A pool's own jitter in `[0, MOST_JITTER)`, stable for its uid.
+pub(super) fn jitter(uid: &str) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    uid.hash(&mut hasher);
+    (hasher.finish() % 1000) as f64 / 1000.0 * MOST_JITTER
+}
+
 /// Where a reconcile starts from.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Start {
@@ -93,17 +105,23 @@ impl PoolMemory {
         self.applied = Some(replicas);
     }
 
-    /// When to reconcile again: when the interval since the last measurement ends, or sooner
-    /// when a waiting shrink's timeout ends first (readiness arrives as Deployment events, the
-    /// timeout has to be watched for); never sooner than a second.
+    /// When to reconcile again: when the interval since the last measurement ends, less the
+    /// pool's `jitter` (a share of the interval below a tenth, which a measurement forgives: see
+    /// [`Self::start`]) so pools started together do not query together forever; or sooner when
+    /// a waiting shrink's timeout ends first (readiness arrives as Deployment events, the timeout
+    /// has to be watched for); never sooner than a second.
     pub(super) fn requeue_after(
         &self,
         interval: Duration,
         surge_timeout: Duration,
         now: Duration,
+        jitter: f64,
     ) -> Duration {
         let measured_at = self.measured_at.unwrap_or(now);
-        let mut wait = interval.saturating_sub(now.saturating_sub(measured_at));
+        let early = interval.mul_f64(jitter.clamp(0.0, MOST_JITTER));
+        let mut wait = interval
+            .saturating_sub(now.saturating_sub(measured_at))
+            .saturating_sub(early);
         if let Some(since) = self.surge_since {
             wait = wait.min((since + surge_timeout).saturating_sub(now));
         }
@@ -287,22 +305,66 @@ mod tests {
         );
     }
 
+    impl PoolMemory {
+        fn requeue_after_plain(
+            &self,
+            interval: Duration,
+            timeout: Duration,
+            now: Duration,
+        ) -> Duration {
+            self.requeue_after(interval, timeout, now, 0.0)
+        }
+    }
+
+    #[test]
+    fn a_jittered_requeue_is_early_by_less_than_start_forgives() {
+        let memory = after_decision(secs(100));
+        let uids = (0..200).map(|i| format!("uid-{i}"));
+        let jitters: Vec<f64> = uids.map(|u| jitter(&u)).collect();
+        assert!(jitters.iter().all(|j| (0.0..MOST_JITTER).contains(j)));
+        assert!(jitters.iter().any(|j| *j > MOST_JITTER / 2.0), "spread out");
+        assert_eq!(jitter("same"), jitter("same"));
+        for j in jitters {
+            let wait = memory.requeue_after(INTERVAL, secs(120), secs(100), j);
+            assert!(wait <= INTERVAL);
+            let due = memory
+                .start(Some(1), INTERVAL, secs(100) + wait, || None)
+                .due;
+            assert!(due, "a requeue {wait:?} after the measurement measures");
+        }
+    }
+
     #[test]
     fn requeue_at_the_next_measurement_or_the_surge_timeout_whichever_is_first() {
         let mut memory = after_decision(secs(100));
         let timeout = secs(120);
-        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(100)), secs(10));
-        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(104)), secs(6));
         assert_eq!(
-            memory.requeue_after(INTERVAL, timeout, secs(130)),
+            memory.requeue_after_plain(INTERVAL, timeout, secs(100)),
+            secs(10)
+        );
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, timeout, secs(104)),
+            secs(6)
+        );
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, timeout, secs(130)),
             secs(1),
             "overdue: soon, but not in a loop"
         );
         memory.surging(true, secs(100));
         let short = secs(3);
-        assert_eq!(memory.requeue_after(INTERVAL, short, secs(101)), secs(2));
-        assert_eq!(memory.requeue_after(INTERVAL, short, secs(104)), secs(1));
-        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(101)), secs(9));
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, short, secs(101)),
+            secs(2)
+        );
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, short, secs(104)),
+            secs(1)
+        );
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
+            secs(9)
+        );
     }
 
     #[test]
