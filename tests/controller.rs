@@ -977,3 +977,33 @@ async fn a_kubectl_set_image_on_a_managed_deployment_is_undone_once() {
         after
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pool_stops_being_exported() {
+    let world = World::start("deleted").await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    let metrics = world.operator.as_ref().unwrap().metrics();
+    let exported = || {
+        let text = metrics.render();
+        text.contains(&format!("namespace=\"{}\"", world.namespace))
+            && text.contains("pool=\"jobs\"")
+    };
+    world
+        .until(30, "the pool's series exported", || async { exported() })
+        .await;
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .delete("jobs", &Default::default())
+        .await
+        .unwrap();
+    // The sweep runs every 30 s.
+    let took = world
+        .until(45, "the deleted pool's series gone", || async {
+            !exported()
+        })
+        .await;
+    println!(
+        "a deleted pool's series were gone {:.1} s after the delete",
+        took.as_secs_f64()
+    );
+}

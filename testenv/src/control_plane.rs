@@ -24,6 +24,8 @@ pub struct ControlPlane {
     // Held so the directory and the processes live as long as the control plane.
     _temp: Option<tempfile::TempDir>,
     processes: Vec<Process>,
+    /// How the API server was started, to start it again after a kill.
+    api_server: (PathBuf, Vec<String>, Lifetime),
     url: String,
     kubeconfig: PathBuf,
     pub startup: Duration,
@@ -74,10 +76,11 @@ impl ControlPlane {
         )?;
 
         let port = free_port()?;
+        let args = apiserver_args(&certs, &etcd_url, port, dir);
         let apiserver = Process::start(
             "kube-apiserver",
             &apiserver_bin,
-            &apiserver_args(&certs, &etcd_url, port, dir),
+            &args,
             dir.join("kube-apiserver.log"),
             lifetime,
         )?;
@@ -90,6 +93,7 @@ impl ControlPlane {
             dir: dir.to_path_buf(),
             _temp: None,
             processes: vec![etcd, apiserver],
+            api_server: (apiserver_bin, args, lifetime),
             url,
             kubeconfig,
             startup: Duration::ZERO,
@@ -132,6 +136,24 @@ impl ControlPlane {
     /// The kube-apiserver's pid, to freeze (SIGSTOP) and thaw (SIGCONT) it in fault tests.
     pub fn api_server_pid(&self) -> u32 {
         self.processes[1].child.id()
+    }
+
+    /// Kills the API server (SIGKILL), leaves it down for `down_for`, and starts it again on
+    /// the same port and etcd; returns once it answers.
+    pub async fn restart_api_server(&mut self, down_for: Duration) -> Result<()> {
+        let old = &mut self.processes[1];
+        let _ = old.child.kill();
+        let _ = old.child.wait();
+        tokio::time::sleep(down_for).await;
+        let (program, args, lifetime) = self.api_server.clone();
+        self.processes[1] = Process::start(
+            "kube-apiserver",
+            &program,
+            &args,
+            self.dir.join("kube-apiserver-restarted.log"),
+            lifetime,
+        )?;
+        self.wait_ready().await
     }
 
     /// Lets the processes go on running after this value is dropped.

@@ -14,6 +14,7 @@ use lanepool::prometheus::{AllowedUrls, QueryWindows};
 
 /// A controller task watching `namespaces` with `client`'s permissions.
 pub struct InProcessOperator {
+    metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -45,16 +46,23 @@ impl InProcessOperator {
 
     /// Starts the controller with these settings.
     pub fn start_with(client: Client, namespaces: Vec<String>, settings: Settings) -> Self {
-        let ctx = Arc::new(Context::new(client, Arc::new(Metrics::default()), settings));
+        let metrics = Arc::new(Metrics::default());
+        let ctx = Arc::new(Context::new(client, metrics.clone(), settings));
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = futures::FutureExt::shared(Box::pin(async move {
             let _ = stopped.await;
         }));
         let task = tokio::spawn(controller::run(ctx, namespaces, shutdown));
         Self {
+            metrics,
             stop: Some(stop),
             task: Some(task),
         }
+    }
+
+    /// The operator's own metrics, as /metrics would serve them.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// Ends the controller at once, the way SIGKILL ends a process: in-flight reconciles are
