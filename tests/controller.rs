@@ -1007,3 +1007,42 @@ async fn a_deleted_pool_stops_being_exported() {
         took.as_secs_f64()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_whose_notes_carry_multibyte_text_are_published() {
+    // The API server counts bytes: at most 1,024 in an event's note and 128 in its action
+    // (which carries the note's start). A query of 1,000 "é" makes a MetricsUnavailable note of
+    // over 2,000 bytes that quotes it: cut by bytes, at a character boundary, it is published.
+    let world = World::start("bytes").await;
+    world
+        .apply_pool(|spec| {
+            spec["lanes"][0]["name"] = json!("critical");
+            spec["lanes"][0]["reserve"]["arrivalRate"] = json!({"query": "é".repeat(1000)});
+            spec["headroom"] = json!(2);
+            spec.as_object_mut().unwrap().remove("totalWorkers");
+            spec["shared"] = json!({"replicas": 3});
+        })
+        .await;
+    world
+        .until(
+            30,
+            "a MetricsUnavailable event quoting the query",
+            || async {
+                world.events().await.iter().any(|(reason, note)| {
+                    reason == "MetricsUnavailable"
+                        && note.contains("(query: éé")
+                        && note.len() <= 1024
+                })
+            },
+        )
+        .await;
+    world
+        .until(10, "a Scaled event with → in it", || async {
+            world
+                .events()
+                .await
+                .iter()
+                .any(|(reason, note)| reason == "Scaled" && note.contains('→'))
+        })
+        .await;
+}
