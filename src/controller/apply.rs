@@ -5,9 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tracing::info;
 
@@ -235,15 +234,9 @@ pub(super) async fn autoscaler_conflict(
     ctx: &Context,
     namespace: &str,
 ) -> Result<Option<String>> {
-    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), namespace);
-    let autoscalers = ctx
-        .read(
-            format!("listing HorizontalPodAutoscalers in {namespace}"),
-            api.list(&ListParams::default()),
-        )
-        .await?;
+    let autoscalers = ctx.autoscalers(namespace).await;
     let ours = pool_roles(pool, &Replicas::default());
-    Ok(autoscalers.items.iter().find_map(|hpa| {
+    Ok(autoscalers.iter().find_map(|hpa| {
         let target = &hpa.spec.as_ref()?.scale_target_ref;
         let (name, _, _) = ours
             .iter()

@@ -3,16 +3,19 @@
 //! `Context::write`, which bounds it with a timeout and counts its result.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kube::Client;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 use tracing::warn;
 
 use super::step::PoolMemory;
-use crate::api::LanePool;
+use crate::api::{LanePool, POOL_LABEL};
 use crate::metrics::Metrics;
 use crate::prometheus::{self, AllowedUrls, Connection, QueryWindows};
 use crate::{Error, Result};
@@ -55,6 +58,12 @@ impl PoolKey {
     }
 }
 
+/// The watch caches of one watched scope (a namespace, or every namespace).
+pub(super) struct Caches {
+    pub(super) deployments: Store<Deployment>,
+    pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
+}
+
 /// Shared state of the controller.
 pub struct Context {
     pub client: Client,
@@ -64,6 +73,7 @@ pub struct Context {
     pub(super) started: Instant,
     pub(super) pools: Mutex<HashMap<PoolKey, PoolMemory>>,
     pub(super) prometheus: prometheus::Clients,
+    pub(super) caches: OnceLock<Vec<Caches>>,
 }
 
 impl Context {
@@ -81,6 +91,7 @@ impl Context {
             started: Instant::now(),
             pools: Mutex::default(),
             prometheus,
+            caches: OnceLock::new(),
         }
     }
 
@@ -103,6 +114,54 @@ impl Context {
     pub(super) fn remember(&self, key: PoolKey, update: impl FnOnce(&mut PoolMemory)) {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         update(pools.entry(key).or_default());
+    }
+
+    pub(super) fn set_caches(&self, caches: Vec<Caches>) {
+        let _ = self.caches.set(caches);
+    }
+
+    /// The caches, once every one has its first list.
+    async fn ready_caches(&self) -> &[Caches] {
+        let caches = self.caches.get().map(Vec::as_slice).unwrap_or_default();
+        for cache in caches {
+            let _ = cache.deployments.wait_until_ready().await;
+            let _ = cache.autoscalers.wait_until_ready().await;
+        }
+        caches
+    }
+
+    /// A pool's Deployments, from the watch cache.
+    pub(super) async fn pool_deployments(&self, namespace: &str, pool: &str) -> Vec<Deployment> {
+        let mut found = Vec::new();
+        for cache in self.ready_caches().await {
+            found.extend(
+                cache
+                    .deployments
+                    .state()
+                    .into_iter()
+                    .filter(|d| {
+                        d.metadata.namespace.as_deref() == Some(namespace)
+                            && d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
+                    })
+                    .map(|d| (*d).clone()),
+            );
+        }
+        found
+    }
+
+    /// The autoscalers of a namespace, from the watch cache.
+    pub(super) async fn autoscalers(&self, namespace: &str) -> Vec<Arc<HorizontalPodAutoscaler>> {
+        let mut found = Vec::new();
+        for cache in self.ready_caches().await {
+            found.extend(
+                cache
+                    .autoscalers
+                    .state()
+                    .into_iter()
+                    .filter(|h| h.metadata.namespace.as_deref() == Some(namespace)),
+            );
+        }
+        found
     }
 
     /// Forgets every pool that no longer exists (`live` says which do): its memory, its metric

@@ -23,15 +23,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use tracing::warn;
 
-use context::PoolKey;
+use context::{Caches, PoolKey};
 pub use context::{Context, MANAGER, Settings};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
@@ -55,21 +56,53 @@ pub async fn run(
         namespaces.into_iter().map(Some).collect()
     };
     let mut stores: Vec<Store<LanePool>> = Vec::new();
+    let mut caches = Vec::new();
+    let mut autoscaler_watches = Vec::new();
     let controllers: Vec<_> = scopes
         .into_iter()
         .map(|namespace| {
             let client = ctx.client.clone();
-            let (pools, deployments): (Api<LanePool>, Api<Deployment>) = match &namespace {
+            let (pools, deployments, autoscalers): (
+                Api<LanePool>,
+                Api<Deployment>,
+                Api<HorizontalPodAutoscaler>,
+            ) = match &namespace {
                 Some(ns) => (
+                    Api::namespaced(client.clone(), ns),
                     Api::namespaced(client.clone(), ns),
                     Api::namespaced(client, ns),
                 ),
-                None => (Api::all(client.clone()), Api::all(client)),
+                None => (
+                    Api::all(client.clone()),
+                    Api::all(client.clone()),
+                    Api::all(client),
+                ),
             };
+            // The pools' Deployments and the namespace's autoscalers are read from watch caches,
+            // never listed per reconcile; the Deployment watch also triggers the reconciles.
+            let (deployment_cache, deployment_writer) = reflector::store();
+            let deployment_events =
+                watcher(deployments, watcher::Config::default().labels(POOL_LABEL))
+                    .default_backoff()
+                    .modify(|d: &mut Deployment| d.managed_fields_mut().clear())
+                    .reflect(deployment_writer)
+                    .touched_objects();
+            let (autoscaler_cache, autoscaler_writer) = reflector::store();
+            autoscaler_watches.push(
+                watcher(autoscalers, watcher::Config::default())
+                    .default_backoff()
+                    .modify(|h: &mut HorizontalPodAutoscaler| h.managed_fields_mut().clear())
+                    .reflect(autoscaler_writer)
+                    .for_each(|_| async {}),
+            );
+            caches.push(Caches {
+                deployments: deployment_cache,
+                autoscalers: autoscaler_cache,
+            });
             let controller = Controller::new(pools, watcher::Config::default());
             stores.push(controller.store());
             controller
-                .owns(deployments, watcher::Config::default().labels(POOL_LABEL))
+                .owns_stream(deployment_events)
                 .graceful_shutdown_on(shutdown.clone())
                 .run(reconcile, error_policy, ctx.clone())
                 .for_each(|result| async move {
@@ -79,10 +112,13 @@ pub async fn run(
                 })
         })
         .collect();
+    ctx.set_caches(caches);
+    let autoscaler_watches = futures::future::join_all(autoscaler_watches);
     let sweep = forget_deleted_pools(ctx, stores);
     tokio::select! {
         _ = futures::future::join_all(controllers) => {}
         _ = sweep => {}
+        _ = autoscaler_watches => {}
     }
 }
 
@@ -171,11 +207,8 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     let sizing = PoolSizing::from_spec(&pool.spec)?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let existing: BTreeMap<String, Deployment> = ctx
-        .read(
-            format!("listing the Deployments of {namespace}/{name}"),
-            deployments.list(&ListParams::default().labels(&format!("{POOL_LABEL}={name}"))),
-        )
-        .await?
+        .pool_deployments(&namespace, &name)
+        .await
         .into_iter()
         .map(|d| (d.name_any(), d))
         .collect();
