@@ -21,17 +21,19 @@ use crate::{Error, Result};
 pub type Loads = BTreeMap<String, std::result::Result<LaneLoad, String>>;
 
 /// Queries every lane at once (each lane's queries at once too, within the operator's limit on
-/// queries in flight) and reads their loads; a lane still waiting at `deadline` is unavailable.
+/// queries in flight; shared queries at most once per `freshness`) and reads their loads; a lane
+/// still waiting at `deadline` is unavailable.
 pub async fn measure(
     prometheus: &Client,
     lanes: &[LaneQueries],
     metrics: &Metrics,
+    freshness: Duration,
     deadline: Duration,
 ) -> Loads {
     let all = futures::future::join_all(
         lanes
             .iter()
-            .map(|lane| measure_lane(prometheus, lane, metrics)),
+            .map(|lane| measure_lane(prometheus, lane, metrics, freshness)),
     );
     match tokio::time::timeout(deadline, all).await {
         Ok(loads) => lanes.iter().map(|l| l.lane.clone()).zip(loads).collect(),
@@ -54,16 +56,20 @@ async fn measure_lane(
     prometheus: &Client,
     lane: &LaneQueries,
     metrics: &Metrics,
+    freshness: Duration,
 ) -> std::result::Result<LaneLoad, String> {
     let recent = async {
         match &lane.recent_arrival_rate {
-            Some(recent) => Some((recent, prometheus.query(&recent.promql, metrics).await)),
+            Some(recent) => Some((
+                recent,
+                prometheus.ask(&recent.query, metrics, freshness).await,
+            )),
             None => None,
         }
     };
     let (rate, job, recent) = futures::join!(
-        prometheus.query(&lane.arrival_rate, metrics),
-        prometheus.query(&lane.job_time, metrics),
+        prometheus.ask(&lane.arrival_rate, metrics, freshness),
+        prometheus.ask(&lane.job_time, metrics, freshness),
         recent,
     );
     let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
@@ -78,6 +84,12 @@ async fn measure_lane(
                 });
     }
     load
+}
+
+/// How old a shared answer may be when a pool takes its series from it: a quarter of the
+/// scrape interval, so it is never much older than the samples it is made of.
+pub(super) fn freshness(scrape_interval: Duration) -> Duration {
+    (scrape_interval / 4).max(Duration::from_millis(100))
 }
 
 /// How long a pool's measurement may take: most of the interval, so a slow Prometheus delays
@@ -121,7 +133,15 @@ pub(super) async fn measure_pool(
     }
     let connection = connection(pool, ctx, url).await?;
     let client = ctx.prometheus.get(&connection)?;
-    let loads = measure(&client, &queries, &ctx.metrics, deadline(interval)).await;
+    let freshness = freshness(ctx.settings.windows.scrape_interval);
+    let loads = measure(
+        &client,
+        &queries,
+        &ctx.metrics,
+        freshness,
+        deadline(interval),
+    )
+    .await;
     Ok((loads, Some(connection)))
 }
 

@@ -20,8 +20,8 @@ use crate::{Error, Result};
 
 pub use allowed::AllowedUrls;
 pub use queries::{
-    DEFAULT_JOB_TIME_WINDOW, DEFAULT_RATE_WINDOW, DEFAULT_RECENT_RATE_LOOKBACK, LaneQueries,
-    QueryWindows, RecentQuery, pool_queries,
+    DEFAULT_JOB_TIME_WINDOW, DEFAULT_RATE_WINDOW, DEFAULT_RECENT_RATE_LOOKBACK, LaneQueries, Query,
+    QueryWindows, RecentQuery, Series, pool_queries,
 };
 
 /// How to reach Prometheus: everything that goes into the HTTP client. Its Debug form hides
@@ -80,6 +80,7 @@ impl Clients {
             http: http_client(connection)?,
             endpoint: endpoint(&connection.url)?,
             in_flight: self.in_flight.clone(),
+            shared: Arc::default(),
         };
         clients.insert(connection.clone(), built.clone());
         Ok(built)
@@ -109,21 +110,118 @@ pub struct Client {
     /// The server's `/api/v1/query`.
     endpoint: String,
     in_flight: Arc<Semaphore>,
+    /// Each shared query, by PromQL.
+    shared: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Shared>>>>>,
+}
+
+/// A shared query: the lanes that take their series from it, and its latest answer.
+#[derive(Default)]
+struct Shared {
+    lanes: std::collections::HashSet<Series>,
+    latest: Option<SharedAnswer>,
+}
+
+/// A shared query's answer, indexed by series, and when it was asked.
+struct SharedAnswer {
+    asked: Instant,
+    series: std::result::Result<Arc<HashMap<Series, f64>>, String>,
 }
 
 impl Client {
+    /// Asks one lane's question: a pool's own query, or its series of a shared one (asked at
+    /// most once per `freshness` for all the pools that share it).
+    pub async fn ask(&self, query: &Query, metrics: &Metrics, freshness: Duration) -> Answer {
+        match query {
+            Query::Own(promql) => self.query(promql, metrics).await,
+            Query::Shared {
+                promql,
+                series,
+                own,
+            } => match self.shared(promql, series, metrics, freshness).await {
+                Ok(answer) => Ok(answer.get(series).map(|v| vec![*v]).unwrap_or_default()),
+                // A Prometheus holding more lanes than the pools here (other clusters, say).
+                Err(reason) if reason.starts_with(query::TOO_LARGE) => {
+                    self.query(own, metrics).await
+                }
+                Err(reason) => Err(reason),
+            },
+        }
+    }
+
     /// Runs one instant query, waiting for a place among the queries in flight: its values, one
     /// per series, or why there are none (with the query).
     pub async fn query(&self, promql: &str, metrics: &Metrics) -> Answer {
+        self.run(promql, metrics, query::OWN_BOUNDS)
+            .await
+            .map(|series| series.into_iter().map(|(_, value)| value).collect())
+    }
+
+    /// The answer to a shared query, indexed by namespace, pool and lane: the one cached if it
+    /// is at most `freshness` old (errors too, so a failing server is not asked by every pool),
+    /// else asked once while the others wait for it. Its bounds grow with the lanes that share
+    /// it: one pool alone gets a pool's own bounds.
+    async fn shared(
+        &self,
+        promql: &str,
+        lane: &Series,
+        metrics: &Metrics,
+        freshness: Duration,
+    ) -> std::result::Result<Arc<HashMap<Series, f64>>, String> {
+        let slot = {
+            let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            shared.entry(promql.to_string()).or_default().clone()
+        };
+        let mut shared = slot.lock().await;
+        if !shared.lanes.contains(lane) {
+            shared.lanes.insert(lane.clone());
+        }
+        if let Some(answer) = shared.latest.as_ref()
+            && answer.asked.elapsed() <= freshness
+        {
+            return answer.series.clone();
+        }
+        let bounds = query::shared_bounds(shared.lanes.len());
+        let series = self
+            .run(promql, metrics, bounds)
+            .await
+            .map(|series| Arc::new(index(series)));
+        shared.latest = Some(SharedAnswer {
+            asked: Instant::now(),
+            series: series.clone(),
+        });
+        series
+    }
+
+    async fn run(
+        &self,
+        promql: &str,
+        metrics: &Metrics,
+        bounds: query::Bounds,
+    ) -> std::result::Result<Vec<query::Labelled>, String> {
         let permit = self.in_flight.acquire().await;
         let started = Instant::now();
         let answer = match permit {
-            Ok(_permit) => query::instant(&self.http, &self.endpoint, promql).await,
+            Ok(_permit) => query::instant(&self.http, &self.endpoint, promql, bounds).await,
             Err(_) => Err("the operator is stopping".to_string()),
         };
         metrics.observe_query(started.elapsed(), answer.as_ref().err().map(|_| "failed"));
         answer.map_err(|reason| format!("{reason} (query: {promql})"))
     }
+}
+
+/// A grouped answer by series; a series without all three labels belongs to no lane.
+fn index(series: Vec<query::Labelled>) -> HashMap<Series, f64> {
+    series
+        .into_iter()
+        .filter_map(|(mut labels, value)| {
+            let key = Series {
+                namespace: labels.remove("namespace")?,
+                pool: labels.remove("pool")?,
+                lane: labels.remove("lane")?,
+            };
+            Some((key, value))
+        })
+        .collect()
 }
 
 fn endpoint(url: &str) -> Result<String> {
@@ -174,6 +272,137 @@ fn http_client(connection: &Connection) -> Result<reqwest::Client> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A Prometheus stand-in that answers every query with two lanes' series, counting queries.
+    async fn grouped_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counted = asked.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = [0u8; 4096];
+                    let _ = stream.read(&mut request).await;
+                    let body = r#"{"status":"success","data":{"resultType":"vector","result":[
+                        {"metric":{"namespace":"a","pool":"jobs","lane":"urgent"},"value":[1,"30"]},
+                        {"metric":{"namespace":"b","pool":"jobs","lane":"urgent"},"value":[1,"150"]},
+                        {"metric":{"pool":"unlabelled"},"value":[1,"7"]}]}}"#;
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        (url, asked)
+    }
+
+    fn shared(namespace: &str) -> Query {
+        Query::Shared {
+            promql: "sum by (namespace, pool, lane) (x)".into(),
+            series: Series {
+                namespace: namespace.into(),
+                pool: "jobs".into(),
+                lane: "urgent".into(),
+            },
+            own: "own".into(),
+        }
+    }
+
+    /// A Prometheus holding far more lanes than this operator's pools: 20,000 series for the
+    /// grouped query, one for a pool's own.
+    async fn crowded_server() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = [0u8; 4096];
+                    let n = stream.read(&mut request).await.unwrap_or(0);
+                    let line = String::from_utf8_lossy(&request[..n]).to_string();
+                    let series: Vec<String> = if line.contains("query=own") {
+                        vec![r#"{"metric":{},"value":[1,"42"]}"#.to_string()]
+                    } else {
+                        (0..20_000)
+                            .map(|i| format!(r#"{{"metric":{{"namespace":"n{i}","pool":"p","lane":"l"}},"value":[1,"1"]}}"#))
+                            .collect()
+                    };
+                    let body = format!(
+                        r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+                        series.join(",")
+                    );
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_shared_answer_too_large_to_read_falls_back_to_the_pools_own_query() {
+        let client = Clients::new(4)
+            .get(&Connection {
+                url: crowded_server().await,
+                timeout: Duration::from_secs(5),
+                bearer_token: None,
+                ca_pem: None,
+                headers: BTreeMap::new(),
+            })
+            .unwrap();
+        let answer = client
+            .ask(&shared("a"), &Metrics::default(), Duration::from_secs(60))
+            .await;
+        assert_eq!(answer, Ok(vec![42.0]));
+    }
+
+    #[tokio::test]
+    async fn pools_sharing_a_query_ask_it_once_per_freshness_and_take_their_own_series() {
+        let (url, asked) = grouped_server().await;
+        let clients = Clients::new(4);
+        let client = clients
+            .get(&Connection {
+                url,
+                timeout: Duration::from_secs(2),
+                bearer_token: None,
+                ca_pem: None,
+                headers: BTreeMap::new(),
+            })
+            .unwrap();
+        let metrics = Metrics::default();
+        let fresh = Duration::from_secs(60);
+        let (qa, qb, qc) = (shared("a"), shared("b"), shared("c"));
+        let (a, b, c) = futures::join!(
+            client.ask(&qa, &metrics, fresh),
+            client.ask(&qb, &metrics, fresh),
+            client.ask(&qc, &metrics, fresh),
+        );
+        assert_eq!(a, Ok(vec![30.0]));
+        assert_eq!(b, Ok(vec![150.0]));
+        assert_eq!(
+            c,
+            Ok(vec![]),
+            "a lane without a series has none, never zero"
+        );
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "asked once for the three pools"
+        );
+        let again = client.ask(&shared("a"), &metrics, Duration::ZERO).await;
+        assert_eq!(again, Ok(vec![30.0]));
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "asked again once stale");
+        let own = client.ask(&Query::Own("x".into()), &metrics, fresh).await;
+        assert_eq!(own.map(|v| v.len()), Ok(3), "a pool's own query is its own");
+    }
 
     #[test]
     fn a_bad_header_names_the_field() {

@@ -1,6 +1,7 @@
-//! What to ask Prometheus for a pool's reserve lanes: the spec's own queries, or defaults built
-//! from the worker metric convention (`lanepool_jobs_submitted_total`,
-//! `lanepool_job_duration_seconds`) and scoped to the pool by its namespace, pool and lane labels.
+//! What to ask Prometheus for a pool's reserve lanes: the spec's own queries, asked for the pool
+//! alone, or the worker metric convention's (`lanepool_jobs_submitted_total`,
+//! `lanepool_job_duration_seconds`), which every pool shares: one query per shape grouped by
+//! namespace, pool and lane, from which each lane takes its own series.
 
 use std::time::Duration;
 
@@ -33,18 +34,69 @@ pub struct QueryWindows {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaneQueries {
     pub lane: String,
-    pub arrival_rate: String,
+    pub arrival_rate: Query,
     /// Only for the default arrival-rate query: a custom query's window is not ours to change.
     pub recent_arrival_rate: Option<RecentQuery>,
-    pub job_time: String,
+    pub job_time: Query,
     pub job_seconds_fallback: Option<f64>,
 }
 
-/// The recent arrival rate's PromQL and the window it counts over (one scrape interval).
+/// One question for one lane.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Query {
+    /// The pool's own PromQL (a custom query), asked for this pool alone.
+    Own(String),
+    /// A question every pool on the metric convention shares: PromQL grouped by namespace, pool
+    /// and lane, from whose answer this lane takes its series (none: no series). `own` asks for
+    /// this lane alone, for when the shared answer is too large to read.
+    Shared {
+        promql: String,
+        series: Series,
+        own: String,
+    },
+}
+
+impl Query {
+    /// The PromQL sent.
+    pub fn promql(&self) -> &str {
+        match self {
+            Query::Own(promql) | Query::Shared { promql, .. } => promql,
+        }
+    }
+}
+
+/// A lane's series in a grouped answer: its namespace, pool and lane labels.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Series {
+    pub namespace: String,
+    pub pool: String,
+    pub lane: String,
+}
+
+/// The recent arrival rate's query and the window it counts over (one scrape interval).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecentQuery {
-    pub promql: String,
+    pub query: Query,
     pub window: Duration,
+}
+
+/// The labels every shared query groups by: a pool's lanes are told apart by them.
+const BY: &str = "sum by (namespace, pool, lane)";
+
+/// Jobs submitted per second, by lane of every pool (`function`: `rate` or `irate`).
+fn submitted(function: &str, window: &str) -> String {
+    format!("{BY} ({function}(lanepool_jobs_submitted_total{{pool!=\"\"}}[{window}]))")
+}
+
+/// Mean job seconds, by lane of every pool: NaN where no job finished in the window.
+fn job_seconds(window: &str) -> String {
+    format!(
+        "{BY} (rate(lanepool_job_duration_seconds_sum{{pool!=\"\"}}[{window}])) / {BY} (rate(lanepool_job_duration_seconds_count{{pool!=\"\"}}[{window}]))"
+    )
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
 /// The queries for every reserve lane of a pool.
@@ -66,16 +118,25 @@ fn lane_queries(
     reserve: &Reserve,
     windows: &QueryWindows,
 ) -> Result<LaneQueries> {
+    let series = Series {
+        namespace: namespace.to_string(),
+        pool: pool.to_string(),
+        lane: lane.to_string(),
+    };
     let selector = format!(
-        "{{namespace=\"{}\",pool=\"{}\",lane=\"{}\"}}",
+        "namespace=\"{}\",pool=\"{}\",lane=\"{}\"",
         escape(namespace),
         escape(pool),
         escape(lane)
     );
-    let custom = |q: Option<&String>| q.filter(|q| !q.trim().is_empty()).cloned();
-    let submitted = |function: &str, window: &str| {
-        format!("sum({function}(lanepool_jobs_submitted_total{selector}[{window}]))")
+    let shared = |promql: String| Query::Shared {
+        own: promql
+            .replace(BY, "sum")
+            .replace("{pool!=\"\"}", &format!("{{{selector}}}")),
+        promql,
+        series: series.clone(),
     };
+    let custom = |q: Option<&String>| q.filter(|q| !q.trim().is_empty()).cloned();
     let custom_rate = custom(reserve.arrival_rate.as_ref().and_then(|q| q.query.as_ref()));
     let recent_arrival_rate = match &custom_rate {
         Some(_) => None,
@@ -83,18 +144,18 @@ fn lane_queries(
             .recent_arrival_rate
             .as_deref()
             .map(|lookback| RecentQuery {
-                promql: submitted("irate", lookback),
+                query: shared(submitted("irate", lookback)),
                 window: windows.scrape_interval,
             }),
     };
-    let arrival_rate = custom_rate.unwrap_or_else(|| submitted("rate", &windows.arrival_rate));
-    let job_time = custom(reserve.job_time.as_ref().and_then(|q| q.query.as_ref()))
-        .unwrap_or_else(|| {
-            let w = &windows.job_time;
-            format!(
-                "sum(rate(lanepool_job_duration_seconds_sum{selector}[{w}])) / sum(rate(lanepool_job_duration_seconds_count{selector}[{w}]))"
-            )
-        });
+    let arrival_rate = match custom_rate {
+        Some(promql) => Query::Own(promql),
+        None => shared(submitted("rate", &windows.arrival_rate)),
+    };
+    let job_time = match custom(reserve.job_time.as_ref().and_then(|q| q.query.as_ref())) {
+        Some(promql) => Query::Own(promql),
+        None => shared(job_seconds(&windows.job_time)),
+    };
     let job_seconds_fallback = match reserve.job_time.as_ref().and_then(|j| j.fallback.as_ref()) {
         Some(fallback) => Some(
             fallback
@@ -114,10 +175,6 @@ fn lane_queries(
         job_time,
         job_seconds_fallback,
     })
-}
-
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
 #[cfg(test)]
@@ -141,27 +198,59 @@ mod tests {
     }
 
     #[test]
-    fn default_queries_follow_the_metric_convention_scoped_to_the_pool() {
+    fn default_queries_are_shared_and_each_lane_takes_its_own_series() {
         let queries = pool_queries(&example(), &windows()).unwrap();
         assert_eq!(queries.len(), 1);
+        let series = Series {
+            namespace: "team".into(),
+            pool: "jobs".into(),
+            lane: "urgent".into(),
+        };
         assert_eq!(
             queries[0].arrival_rate,
-            r#"sum(rate(lanepool_jobs_submitted_total{namespace="team",pool="jobs",lane="urgent"}[1m]))"#
+            Query::Shared {
+                promql: r#"sum by (namespace, pool, lane) (rate(lanepool_jobs_submitted_total{pool!=""}[1m]))"#.into(),
+                series: series.clone(),
+                own: r#"sum (rate(lanepool_jobs_submitted_total{namespace="team",pool="jobs",lane="urgent"}[1m]))"#.into(),
+            }
         );
-        assert!(queries[0].job_time.starts_with(
-            r#"sum(rate(lanepool_job_duration_seconds_sum{namespace="team",pool="jobs",lane="urgent"}[5m])) / "#
+        assert_eq!(
+            queries[0]
+                .recent_arrival_rate
+                .as_ref()
+                .unwrap()
+                .query
+                .promql(),
+            r#"sum by (namespace, pool, lane) (irate(lanepool_jobs_submitted_total{pool!=""}[1m]))"#
+        );
+        assert!(queries[0].job_time.promql().starts_with(
+            r#"sum by (namespace, pool, lane) (rate(lanepool_job_duration_seconds_sum{pool!=""}[5m])) / "#
         ));
         assert_eq!(queries[0].job_seconds_fallback, Some(0.020));
+
+        // Another pool, another namespace, a name that needs quoting: the same PromQL.
+        let mut other = example();
+        other.metadata.namespace = Some("b".into());
+        other.metadata.name = Some("x\"y".into());
+        let theirs = pool_queries(&other, &windows()).unwrap();
+        assert_eq!(
+            theirs[0].arrival_rate.promql(),
+            queries[0].arrival_rate.promql()
+        );
+        assert!(
+            matches!(&theirs[0].arrival_rate, Query::Shared { series, .. } if series.pool == "x\"y")
+        );
     }
 
     #[test]
-    fn custom_queries_are_used_as_written() {
+    fn custom_queries_are_asked_for_the_pool_alone() {
         let mut pool = example();
         let reserve = pool.spec.lanes[0].reserve.as_mut().unwrap();
         reserve.arrival_rate = Some(crate::api::MetricQuery {
             query: Some("vector(30)".into()),
         });
         let queries = pool_queries(&pool, &windows()).unwrap();
-        assert_eq!(queries[0].arrival_rate, "vector(30)");
+        assert_eq!(queries[0].arrival_rate, Query::Own("vector(30)".into()));
+        assert_eq!(queries[0].recent_arrival_rate, None);
     }
 }

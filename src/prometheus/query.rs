@@ -1,12 +1,13 @@
 //! One instant query, read with bounds: at most [`MAX_ANSWER_BYTES`] of answer and
-//! [`MAX_SERIES`] series, redirects refused, within the connection's timeout. A server that
+//! [`MAX_SERIES`] series for a pool's own query (more for one many pools share: [`shared_bounds`]),
+//! redirects refused, within the connection's timeout. A server that
 //! streams without end, hangs, or answers something other than Prometheus's JSON fails that query
 //! with a reason, never the operator.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-
-use crate::sizing::Answer;
 
 /// The most bytes of one answer that are read: an aggregated instant vector for one lane is a
 /// few hundred bytes.
@@ -15,6 +16,38 @@ pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// The most series one answer may hold (a lane's query must return one; more is a mistake
 /// reported with its count, this many is a server to stop reading).
 pub const MAX_SERIES: usize = 10_000;
+
+/// The most bytes and series an answer may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub bytes: usize,
+    pub series: usize,
+}
+
+/// The bounds of a pool's own query.
+pub const OWN_BOUNDS: Bounds = Bounds {
+    bytes: MAX_ANSWER_BYTES,
+    series: MAX_SERIES,
+};
+
+/// The bounds of a query that `lanes` lanes share: a pool's own bounds, and 1 KiB and ten series
+/// more for each lane beyond the first thousand (a grouped answer is about 150 bytes a series),
+/// at most 64 MiB. A pool that names a Prometheus of its own shares with no one.
+pub fn shared_bounds(lanes: usize) -> Bounds {
+    Bounds {
+        bytes: MAX_ANSWER_BYTES
+            .max(lanes.saturating_mul(1024))
+            .min(64 << 20),
+        series: MAX_SERIES.max(lanes.saturating_mul(10)),
+    }
+}
+
+/// How an answer over its bounds is reported: a shared query over them falls back to each
+/// pool's own.
+pub const TOO_LARGE: &str = "too large: ";
+
+/// One series of an answer: its labels and value.
+pub type Labelled = (BTreeMap<String, String>, f64);
 
 /// Prometheus's envelope: `{"status":"success","data":{…}}` or `{"status":"error","error":…}`.
 #[derive(Deserialize)]
@@ -37,6 +70,8 @@ enum Data {
 
 #[derive(Deserialize)]
 struct Sample {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
     value: Value,
 }
 
@@ -52,8 +87,14 @@ impl Value {
     }
 }
 
-/// Runs `promql` against `endpoint` (the server's `/api/v1/query`) with `http`.
-pub(super) async fn instant(http: &reqwest::Client, endpoint: &str, promql: &str) -> Answer {
+/// Runs `promql` against `endpoint` (the server's `/api/v1/query`) with `http`: each series'
+/// labels and value.
+pub(super) async fn instant(
+    http: &reqwest::Client,
+    endpoint: &str,
+    promql: &str,
+    bounds: Bounds,
+) -> Result<Vec<Labelled>, String> {
     let response = http
         .get(endpoint)
         .query(&[("query", promql)])
@@ -64,7 +105,7 @@ pub(super) async fn instant(http: &reqwest::Client, endpoint: &str, promql: &str
     if status.is_redirection() {
         return Err(format!("HTTP {status}: redirects are not followed"));
     }
-    let body = read_bounded(response).await?;
+    let body = read_bounded(response, bounds.bytes).await?;
     let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
         if status.is_success() {
             format!("the answer is not Prometheus's JSON: {e}")
@@ -77,12 +118,16 @@ pub(super) async fn instant(http: &reqwest::Client, endpoint: &str, promql: &str
         return Err(format!("Prometheus refused the query: {error}"));
     }
     match envelope.data {
-        Some(Data::Vector(samples)) if samples.len() > MAX_SERIES => Err(format!(
-            "the query returned more than {MAX_SERIES} series ({}); it must return one",
+        Some(Data::Vector(samples)) if samples.len() > bounds.series => Err(format!(
+            "{TOO_LARGE}the query returned more than {} series ({})",
+            bounds.series,
             samples.len()
         )),
-        Some(Data::Vector(samples)) => samples.iter().map(|s| s.value.number()).collect(),
-        Some(Data::Scalar(value)) => Ok(vec![value.number()?]),
+        Some(Data::Vector(samples)) => samples
+            .into_iter()
+            .map(|s| Ok((s.metric, s.value.number()?)))
+            .collect(),
+        Some(Data::Scalar(value)) => Ok(vec![(BTreeMap::new(), value.number()?)]),
         Some(Data::Matrix(_)) => {
             Err("the query returned a range vector; use an instant vector".into())
         }
@@ -93,27 +138,27 @@ pub(super) async fn instant(http: &reqwest::Client, endpoint: &str, promql: &str
 
 /// The body, or an error once it passes [`MAX_ANSWER_BYTES`]: an endless answer costs at most
 /// that much memory and the connection's timeout.
-async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+async fn read_bounded(mut response: reqwest::Response, most: usize) -> Result<Vec<u8>, String> {
     if response
         .content_length()
-        .is_some_and(|length| length > MAX_ANSWER_BYTES as u64)
+        .is_some_and(|length| length > most as u64)
     {
-        return Err(too_long());
+        return Err(too_long(most));
     }
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(too_long());
+        if body.len() + chunk.len() > most {
+            return Err(too_long(most));
         }
         body.extend_from_slice(&chunk);
     }
     Ok(body)
 }
 
-fn too_long() -> String {
+fn too_long(most: usize) -> String {
     format!(
-        "the answer is longer than {} KiB; a lane's query must return one series",
-        MAX_ANSWER_BYTES / 1024
+        "{TOO_LARGE}the answer is longer than {} KiB; a lane's query must return one series",
+        most / 1024
     )
 }
 
@@ -163,6 +208,10 @@ mod tests {
         url
     }
 
+    fn values(answer: Result<Vec<Labelled>, String>) -> Result<Vec<f64>, String> {
+        answer.map(|series| series.into_iter().map(|(_, v)| v).collect())
+    }
+
     fn http() -> reqwest::Client {
         reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
@@ -189,7 +238,7 @@ mod tests {
             )
         })
         .await;
-        let answer = instant(&http(), &url, "q").await.unwrap();
+        let answer = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap();
         assert_eq!(answer[0], 30.5);
         assert!(answer[1].is_nan());
 
@@ -201,7 +250,10 @@ mod tests {
             )
         })
         .await;
-        assert_eq!(instant(&http(), &url, "q").await, Ok(vec![f64::INFINITY]));
+        assert_eq!(
+            values(instant(&http(), &url, "q", OWN_BOUNDS).await),
+            Ok(vec![f64::INFINITY])
+        );
 
         let url = server(|stream| {
             reply(
@@ -211,14 +263,14 @@ mod tests {
             )
         })
         .await;
-        let error = instant(&http(), &url, "q").await.unwrap_err();
+        let error = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap_err();
         assert!(error.contains("parse error at char 5"), "{error}");
     }
 
     #[tokio::test]
     async fn a_redirect_is_not_followed() {
         let url = server(|stream| reply(stream, "302 Found", "")).await;
-        let error = instant(&http(), &url, "q").await.unwrap_err();
+        let error = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap_err();
         assert!(error.contains("redirects are not followed"), "{error}");
     }
 
@@ -239,7 +291,7 @@ mod tests {
         })
         .await;
         let started = Instant::now();
-        let error = instant(&http(), &url, "q").await.unwrap_err();
+        let error = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap_err();
         assert!(error.contains("longer than 1024 KiB"), "{error}");
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -258,7 +310,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
         })
         .await;
-        let error = instant(&http(), &url, "q").await.unwrap_err();
+        let error = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap_err();
         assert!(error.contains("longer than"), "{error}");
     }
 
@@ -270,7 +322,7 @@ mod tests {
         })
         .await;
         let started = Instant::now();
-        let error = instant(&http(), &url, "q").await.unwrap_err();
+        let error = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap_err();
         assert!(
             error.contains("timed out") || error.contains("timeout"),
             "{error}"
@@ -281,7 +333,7 @@ mod tests {
     #[tokio::test]
     async fn something_other_than_prometheus_is_named_as_such() {
         let url = server(|stream| reply(stream, "200 OK", "<html>login</html>")).await;
-        let error = instant(&http(), &url, "q").await.unwrap_err();
+        let error = values(instant(&http(), &url, "q", OWN_BOUNDS).await).unwrap_err();
         assert!(error.contains("not Prometheus's JSON"), "{error}");
     }
 }
