@@ -29,7 +29,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use tracing::warn;
 
 use context::{Caches, PoolKey};
@@ -99,9 +99,16 @@ pub async fn run(
                 deployments: deployment_cache,
                 autoscalers: autoscaler_cache,
             });
-            let controller = Controller::new(pools, watcher::Config::default());
-            stores.push(controller.store());
-            controller
+            // A pool is reconciled when its spec changes (its generation), not when its own
+            // status is written: the interval and the Deployment events do the rest.
+            let (pool_cache, pool_writer) = reflector::store();
+            let pool_events = watcher(pools, watcher::Config::default())
+                .default_backoff()
+                .reflect(pool_writer)
+                .applied_objects()
+                .predicate_filter(predicates::generation, Default::default());
+            stores.push(pool_cache.clone());
+            Controller::for_stream(pool_events, pool_cache)
                 .owns_stream(deployment_events)
                 .graceful_shutdown_on(shutdown.clone())
                 .run(reconcile, error_policy, ctx.clone())

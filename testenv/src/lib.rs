@@ -16,7 +16,7 @@ use std::path::PathBuf;
 pub use control_plane::{ControlPlane, shared, unique_name};
 pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
-pub use prometheus::TestPrometheus;
+pub use prometheus::{TestPrometheus, http_get};
 pub use readiness::DeploymentReadiness;
 pub use worker_metrics::SimulatedWorkers;
 
