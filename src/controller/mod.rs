@@ -1,12 +1,12 @@
 //! The LanePool controller. Each reconcile is a short pipeline: **read** the pool and its
-//! Deployments; **validate** the spec into sizing settings; **measure** the reserve lanes in
-//! Prometheus (only when the interval has passed or the spec changed: Deployment events in
-//! between re-apply the last decision without querying); **decide** with the pure sizing
-//! decision; **apply** the Deployments by server-side apply as a surge (growing ones at once,
-//! shrinking ones once the others are ready), restoring replicas anyone else changed; **report**
-//! status (only when it changed), conditions and events. Only `decide` and the surge step are
-//! free of I/O. Errors the CRD cannot catch (a missing Secret, a template the API server
-//! refuses) set Ready=False and are retried with backoff, without touching other pools.
+//! Deployments (from the watch cache); **validate** the spec into sizing settings; **step**
+//! (`step.rs`, no I/O: is the pool due, what does it run); **measure** the reserve lanes in
+//! Prometheus (only when due: Deployment events in between re-apply the last decision without
+//! querying); **decide** with the pure sizing decision; **apply** the Deployments by server-side
+//! apply as a surge (growing ones at once, shrinking ones once the others are ready), restoring
+//! replicas and templates anyone else changed; **report** status (only when it changed),
+//! conditions and events. Errors the CRD cannot catch (a missing Secret, a URL not allowed, a
+//! name taken) set Ready=False and are retried with backoff, without touching other pools.
 
 mod apply;
 mod context;
