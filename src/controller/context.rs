@@ -188,6 +188,12 @@ impl Context {
             .collect();
         self.prometheus
             .retain(|connection| in_use.contains(&connection));
+        let live: std::collections::HashSet<(&str, &str)> = pools
+            .keys()
+            .map(|key| (key.namespace.as_str(), key.name.as_str()))
+            .collect();
+        self.prometheus
+            .forget_lanes(|lane| live.contains(&(lane.namespace.as_str(), lane.pool.as_str())));
     }
 
     /// Runs a write with the timeout and counts its result in `kube_writes`.

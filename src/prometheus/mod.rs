@@ -93,6 +93,21 @@ impl Clients {
         clients.retain(|connection, _| keep(connection));
     }
 
+    /// Forgets the lanes of deleted pools in every shared query (`live` says which pools
+    /// exist), so pool churn does not grow what a shared query remembers. A query being asked
+    /// right now keeps its lanes until the next call.
+    pub fn forget_lanes(&self, live: impl Fn(&Series) -> bool) {
+        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        for client in clients.values() {
+            let shared = client.shared.lock().unwrap_or_else(|p| p.into_inner());
+            for slot in shared.values() {
+                if let Ok(mut query) = slot.try_lock() {
+                    query.lanes.retain(|lane| live(lane));
+                }
+            }
+        }
+    }
+
     /// How many clients are cached.
     pub fn len(&self) -> usize {
         self.clients.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -402,6 +417,18 @@ mod tests {
         assert_eq!(asked.load(Ordering::SeqCst), 2, "asked again once stale");
         let own = client.ask(&Query::Own("x".into()), &metrics, fresh).await;
         assert_eq!(own.map(|v| v.len()), Ok(3), "a pool's own query is its own");
+
+        // Pool churn does not grow what the shared query remembers.
+        let lanes = |client: &Client| -> usize {
+            let shared = client.shared.lock().unwrap();
+            shared
+                .values()
+                .map(|slot| slot.try_lock().unwrap().lanes.len())
+                .sum()
+        };
+        assert_eq!(lanes(&client), 3);
+        clients.forget_lanes(|lane| lane.namespace == "a");
+        assert_eq!(lanes(&client), 1);
     }
 
     #[test]
