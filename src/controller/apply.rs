@@ -12,14 +12,10 @@ use tracing::info;
 
 use super::context::{Context, MANAGER};
 use super::surge;
-use super::workers::{Role, TEMPLATE_HASH, pool_roles, worker_deployments};
+use super::workers::{Role, TEMPLATE_HASH, pool_roles, spec_replicas, worker_deployments};
 use crate::api::LanePool;
 use crate::sizing::Replicas;
 use crate::{Error, Result};
-
-fn spec_replicas(deployment: &Deployment) -> Option<i32> {
-    deployment.spec.as_ref()?.replicas
-}
 
 /// Replica counts by Deployment name; empty without counts.
 fn counts_by_name(pool: &LanePool, replicas: Option<&Replicas>) -> BTreeMap<String, i32> {

@@ -64,6 +64,21 @@ pub(super) struct Caches {
     pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
 }
 
+/// The objects of `namespace` that `keep` accepts, from every scope's cache.
+fn in_namespace<'a, K>(
+    stores: impl Iterator<Item = &'a Store<K>>,
+    namespace: &str,
+    keep: impl Fn(&K) -> bool,
+) -> Vec<Arc<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    stores
+        .flat_map(|store| store.state())
+        .filter(|o| o.meta().namespace.as_deref() == Some(namespace) && keep(o))
+        .collect()
+}
+
 /// Shared state of the controller.
 pub struct Context {
     pub client: Client,
@@ -132,36 +147,19 @@ impl Context {
 
     /// A pool's Deployments, from the watch cache.
     pub(super) async fn pool_deployments(&self, namespace: &str, pool: &str) -> Vec<Deployment> {
-        let mut found = Vec::new();
-        for cache in self.ready_caches().await {
-            found.extend(
-                cache
-                    .deployments
-                    .state()
-                    .into_iter()
-                    .filter(|d| {
-                        d.metadata.namespace.as_deref() == Some(namespace)
-                            && d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
-                    })
-                    .map(|d| (*d).clone()),
-            );
-        }
-        found
+        let caches = self.ready_caches().await;
+        in_namespace(caches.iter().map(|c| &c.deployments), namespace, |d| {
+            d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
+        })
+        .into_iter()
+        .map(|d| (*d).clone())
+        .collect()
     }
 
     /// The autoscalers of a namespace, from the watch cache.
     pub(super) async fn autoscalers(&self, namespace: &str) -> Vec<Arc<HorizontalPodAutoscaler>> {
-        let mut found = Vec::new();
-        for cache in self.ready_caches().await {
-            found.extend(
-                cache
-                    .autoscalers
-                    .state()
-                    .into_iter()
-                    .filter(|h| h.metadata.namespace.as_deref() == Some(namespace)),
-            );
-        }
-        found
+        let caches = self.ready_caches().await;
+        in_namespace(caches.iter().map(|c| &c.autoscalers), namespace, |_| true)
     }
 
     /// Forgets every pool that no longer exists (`live` says which do): its memory, its metric

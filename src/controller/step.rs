@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use super::workers::{Role, pool_roles};
+use super::workers::{Role, pool_roles, spec_replicas};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
 use crate::sizing::{Decision, History, Replicas};
@@ -150,7 +150,7 @@ pub(super) fn recorded_replicas(
     let mut live = Replicas::default();
     let mut live_shared = None;
     for (name, role, _) in pool_roles(pool, &Replicas::default()) {
-        let Some(count) = existing.get(&name).and_then(|d| d.spec.as_ref()?.replicas) else {
+        let Some(count) = existing.get(&name).and_then(spec_replicas) else {
             continue;
         };
         match role {

@@ -41,6 +41,11 @@ impl Role {
     }
 }
 
+/// The replicas a Deployment's spec asks for.
+pub(super) fn spec_replicas(deployment: &Deployment) -> Option<i32> {
+    deployment.spec.as_ref()?.replicas
+}
+
 /// The name of the Deployment running `role` for `pool`.
 pub fn deployment_name(pool: &str, role: &Role) -> String {
     match role {

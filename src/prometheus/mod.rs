@@ -107,15 +107,6 @@ impl Clients {
             }
         }
     }
-
-    /// How many clients are cached.
-    pub fn len(&self) -> usize {
-        self.clients.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// A client for one Prometheus server.
