@@ -33,6 +33,12 @@ pub struct RunArgs {
     #[arg(long, env = "LANEPOOL_PROMETHEUS_CONCURRENCY", default_value_t = crate::prometheus::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub prometheus_concurrency: u16,
 
+    /// Most pools reconciled at once: bounds the operator's memory and its burst of writes when
+    /// many pools change together (at start, say). A pool whose Prometheus hangs holds one place
+    /// until its query times out (spec.prometheus.timeout, at most 1m).
+    #[arg(long, env = "LANEPOOL_CONCURRENT_RECONCILES", default_value_t = crate::controller::DEFAULT_CONCURRENT_RECONCILES, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub concurrent_reconciles: u16,
+
     /// Namespaces to watch, comma-separated; every namespace when empty.
     #[arg(
         long,
@@ -149,6 +155,7 @@ async fn operate(args: RunArgs) -> ExitCode {
             .clone()
             .unwrap_or_else(AllowedUrls::any),
         prometheus_concurrency: args.prometheus_concurrency.into(),
+        concurrent_reconciles: args.concurrent_reconciles,
         default_prometheus_url: args.prometheus_url.clone(),
         windows: QueryWindows {
             arrival_rate: args.rate_window.clone(),

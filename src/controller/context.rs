@@ -37,7 +37,12 @@ pub struct Settings {
     pub allowed_prometheus_urls: AllowedUrls,
     /// Most Prometheus queries in flight at once, across every pool.
     pub prometheus_concurrency: usize,
+    /// Most pools reconciled at once.
+    pub concurrent_reconciles: u16,
 }
+
+/// The operator's default limit on pools reconciled at once (`--concurrent-reconciles`).
+pub const DEFAULT_CONCURRENT_RECONCILES: u16 = 32;
 
 /// Which pool a memory belongs to: by uid too, so a pool deleted and created again under the
 /// same name starts afresh.
@@ -97,7 +102,7 @@ impl Context {
             controller: "lanepool".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        let prometheus = prometheus::Clients::new(settings.prometheus_concurrency);
+        let prometheus = prometheus::Clients::new(settings.prometheus_concurrency, metrics.clone());
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,

@@ -12,7 +12,6 @@ use kube::api::Api;
 use super::context::Context;
 use crate::api::LanePool;
 use crate::duration::human_seconds;
-use crate::metrics::Metrics;
 use crate::prometheus::{Client, Connection, LaneQueries, pool_queries};
 use crate::sizing::{LaneLoad, RecentRate, lane_load, single_value};
 use crate::{Error, Result};
@@ -21,19 +20,18 @@ use crate::{Error, Result};
 pub type Loads = BTreeMap<String, std::result::Result<LaneLoad, String>>;
 
 /// Queries every lane at once (each lane's queries at once too, within the operator's limit on
-/// queries in flight; shared queries at most once per `freshness`) and reads their loads; a lane
-/// still waiting at `deadline` is unavailable.
+/// queries in flight; shared queries refreshed once per `period` for every pool) and reads
+/// their loads; a lane still waiting at `deadline` is unavailable.
 pub async fn measure(
     prometheus: &Client,
     lanes: &[LaneQueries],
-    metrics: &Metrics,
-    freshness: Duration,
+    period: Duration,
     deadline: Duration,
 ) -> Loads {
     let all = futures::future::join_all(
         lanes
             .iter()
-            .map(|lane| measure_lane(prometheus, lane, metrics, freshness)),
+            .map(|lane| measure_lane(prometheus, lane, period)),
     );
     match tokio::time::timeout(deadline, all).await {
         Ok(loads) => lanes.iter().map(|l| l.lane.clone()).zip(loads).collect(),
@@ -55,21 +53,17 @@ pub async fn measure(
 async fn measure_lane(
     prometheus: &Client,
     lane: &LaneQueries,
-    metrics: &Metrics,
-    freshness: Duration,
+    period: Duration,
 ) -> std::result::Result<LaneLoad, String> {
     let recent = async {
         match &lane.recent_arrival_rate {
-            Some(recent) => Some((
-                recent,
-                prometheus.ask(&recent.query, metrics, freshness).await,
-            )),
+            Some(recent) => Some((recent, prometheus.ask(&recent.query, period).await)),
             None => None,
         }
     };
     let (rate, job, recent) = futures::join!(
-        prometheus.ask(&lane.arrival_rate, metrics, freshness),
-        prometheus.ask(&lane.job_time, metrics, freshness),
+        prometheus.ask(&lane.arrival_rate, period),
+        prometheus.ask(&lane.job_time, period),
         recent,
     );
     let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
@@ -86,10 +80,11 @@ async fn measure_lane(
     load
 }
 
-/// How old a shared answer may be when a pool takes its series from it: a quarter of the
-/// scrape interval, so it is never much older than the samples it is made of.
-pub(super) fn freshness(scrape_interval: Duration) -> Duration {
-    (scrape_interval / 4).max(Duration::from_millis(100))
+/// How often a shared query is refreshed: three times per scrape interval, so an answer is never
+/// much older than the samples it is made of, and the default convention's three shapes cost
+/// nine queries per interval however many pools share them.
+pub(super) fn refresh_period(scrape_interval: Duration) -> Duration {
+    (scrape_interval / 3).max(Duration::from_millis(100))
 }
 
 /// How long a pool's measurement may take: most of the interval, so a slow Prometheus delays
@@ -133,15 +128,8 @@ pub(super) async fn measure_pool(
     }
     let connection = connection(pool, ctx, url).await?;
     let client = ctx.prometheus.get(&connection)?;
-    let freshness = freshness(ctx.settings.windows.scrape_interval);
-    let loads = measure(
-        &client,
-        &queries,
-        &ctx.metrics,
-        freshness,
-        deadline(interval),
-    )
-    .await;
+    let period = refresh_period(ctx.settings.windows.scrape_interval);
+    let loads = measure(&client, &queries, period, deadline(interval)).await;
     Ok((loads, Some(connection)))
 }
 

@@ -27,13 +27,13 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use tracing::warn;
 
 use context::{Caches, PoolKey};
-pub use context::{Context, MANAGER, Settings};
+pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
@@ -104,11 +104,15 @@ pub async fn run(
             let (pool_cache, pool_writer) = reflector::store();
             let pool_events = watcher(pools, watcher::Config::default())
                 .default_backoff()
+                .modify(|p: &mut LanePool| p.managed_fields_mut().clear())
                 .reflect(pool_writer)
                 .applied_objects()
                 .predicate_filter(predicates::generation, Default::default());
             stores.push(pool_cache.clone());
             Controller::for_stream(pool_events, pool_cache)
+                .with_config(
+                    controller::Config::default().concurrency(ctx.settings.concurrent_reconciles),
+                )
                 .owns_stream(deployment_events)
                 .graceful_shutdown_on(shutdown.clone())
                 .run(reconcile, error_policy, ctx.clone())

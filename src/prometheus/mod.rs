@@ -8,11 +8,11 @@ pub mod allowed;
 pub mod queries;
 pub mod query;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 
 use crate::metrics::Metrics;
 use crate::sizing::Answer;
@@ -59,20 +59,23 @@ pub const DEFAULT_CONCURRENCY: u16 = 10;
 pub struct Clients {
     clients: Mutex<HashMap<Connection, Client>>,
     in_flight: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
 }
 
 impl Clients {
-    /// Clients whose queries run at most `concurrency` at once (at least one).
-    pub fn new(concurrency: usize) -> Self {
+    /// Clients whose queries run at most `concurrency` at once (at least one), counted in
+    /// `metrics`.
+    pub fn new(concurrency: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             clients: Mutex::default(),
             in_flight: Arc::new(Semaphore::new(concurrency.max(1))),
+            metrics,
         }
     }
 
     /// The client for `connection`, building it (and checking its headers, token and CA) once.
     pub fn get(&self, connection: &Connection) -> Result<Client> {
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients = lock(&self.clients);
         if let Some(client) = clients.get(connection) {
             return Ok(client.clone());
         }
@@ -80,6 +83,7 @@ impl Clients {
             http: http_client(connection)?,
             endpoint: endpoint(&connection.url)?,
             in_flight: self.in_flight.clone(),
+            metrics: self.metrics.clone(),
             shared: Arc::default(),
         };
         clients.insert(connection.clone(), built.clone());
@@ -87,27 +91,44 @@ impl Clients {
     }
 
     /// Forgets every client but those of `keep`: the connections pools still use, so a rotated
-    /// token or a deleted pool does not keep a client alive.
+    /// token or a deleted pool does not keep a client alive (nor its refreshes running).
     pub fn retain(&self, keep: impl Fn(&Connection) -> bool) {
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        clients.retain(|connection, _| keep(connection));
+        lock(&self.clients).retain(|connection, client| {
+            let kept = keep(connection);
+            if !kept {
+                client.stop_refreshing();
+            }
+            kept
+        });
     }
 
     /// Forgets the lanes of deleted pools in every shared query (`live` says which pools
-    /// exist), so pool churn does not grow what a shared query remembers. A query being asked
-    /// right now keeps its lanes until the next call.
+    /// exist), so pool churn does not grow what a shared query remembers.
     pub fn forget_lanes(&self, live: impl Fn(&Series) -> bool) {
-        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        for client in clients.values() {
-            let shared = client.shared.lock().unwrap_or_else(|p| p.into_inner());
-            for slot in shared.values() {
-                if let Ok(mut query) = slot.try_lock() {
-                    query.lanes.retain(|lane| live(lane));
-                }
+        for client in lock(&self.clients).values() {
+            for query in lock(&client.shared).values() {
+                lock(&query.state).lanes.retain(|lane| live(lane));
             }
         }
     }
 }
+
+impl Drop for Clients {
+    /// The refreshes stop with the operator's controller, not a minute later.
+    fn drop(&mut self) {
+        for client in lock(&self.clients).values() {
+            client.stop_refreshing();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A refresh keeps running while pools take their series from it: it stops once no pool has
+/// asked for this long, and the next pool to ask starts it again (and waits for its answer).
+const REFRESH_IDLE: Duration = Duration::from_secs(60);
 
 /// A client for one Prometheus server.
 #[derive(Clone)]
@@ -116,39 +137,48 @@ pub struct Client {
     /// The server's `/api/v1/query`.
     endpoint: String,
     in_flight: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
     /// Each shared query, by PromQL.
-    shared: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Shared>>>>>,
+    shared: Arc<Mutex<HashMap<String, Arc<SharedQuery>>>>,
 }
 
-/// A shared query: the lanes that take their series from it, and its latest answer.
+/// A shared query: the lanes that take their series from it, its refresh, and its latest
+/// answer, which pools read without waiting.
+struct SharedQuery {
+    state: Mutex<Refresh>,
+    latest: watch::Sender<Option<SharedAnswer>>,
+}
+
 #[derive(Default)]
-struct Shared {
-    lanes: std::collections::HashSet<Series>,
-    latest: Option<SharedAnswer>,
+struct Refresh {
+    lanes: HashSet<Series>,
+    /// When a pool last asked: the refresh stops after [`REFRESH_IDLE`] without one.
+    wanted: Option<Instant>,
+    /// The background refresh, while it runs.
+    running: Option<tokio::task::AbortHandle>,
 }
 
-/// A shared query's answer, indexed by series, and when it was asked.
+/// A shared query's answer, indexed by series, and when it arrived.
+#[derive(Clone)]
 struct SharedAnswer {
-    asked: Instant,
+    arrived: Instant,
     series: std::result::Result<Arc<HashMap<Series, f64>>, String>,
 }
 
 impl Client {
-    /// Asks one lane's question: a pool's own query, or its series of a shared one (asked at
-    /// most once per `freshness` for all the pools that share it).
-    pub async fn ask(&self, query: &Query, metrics: &Metrics, freshness: Duration) -> Answer {
+    /// Asks one lane's question: a pool's own query, or its series of a shared one (asked once
+    /// per `period` in the background for all the pools that share it).
+    pub async fn ask(&self, query: &Query, period: Duration) -> Answer {
         match query {
-            Query::Own(promql) => self.query(promql, metrics).await,
+            Query::Own(promql) => self.query(promql).await,
             Query::Shared {
                 promql,
                 series,
                 own,
-            } => match self.shared(promql, series, metrics, freshness).await {
+            } => match self.shared(promql, series, period).await {
                 Ok(answer) => Ok(answer.get(series).map(|v| vec![*v]).unwrap_or_default()),
                 // A Prometheus holding more lanes than the pools here (other clusters, say).
-                Err(reason) if reason.starts_with(query::TOO_LARGE) => {
-                    self.query(own, metrics).await
-                }
+                Err(reason) if reason.starts_with(query::TOO_LARGE) => self.query(own).await,
                 Err(reason) => Err(reason),
             },
         }
@@ -156,52 +186,97 @@ impl Client {
 
     /// Runs one instant query, waiting for a place among the queries in flight: its values, one
     /// per series, or why there are none (with the query).
-    pub async fn query(&self, promql: &str, metrics: &Metrics) -> Answer {
-        self.run(promql, metrics, query::OWN_BOUNDS)
+    pub async fn query(&self, promql: &str) -> Answer {
+        self.run(promql, query::OWN_BOUNDS)
             .await
             .map(|series| series.into_iter().map(|(_, value)| value).collect())
     }
 
-    /// The answer to a shared query, indexed by namespace, pool and lane: the one cached if it
-    /// is at most `freshness` old (errors too, so a failing server is not asked by every pool),
-    /// else asked once while the others wait for it. Its bounds grow with the lanes that share
-    /// it: one pool alone gets a pool's own bounds.
+    /// The answer to a shared query, indexed by namespace, pool and lane. A refresh in the
+    /// background asks it once per `period` while pools want it, so a pool reads the latest
+    /// answer at once: errors too, so a failing server is not asked by every pool. Only an
+    /// answer older than two periods (the first, or after the refresh stopped or fell behind)
+    /// is waited for.
     async fn shared(
         &self,
         promql: &str,
         lane: &Series,
-        metrics: &Metrics,
-        freshness: Duration,
+        period: Duration,
     ) -> std::result::Result<Arc<HashMap<Series, f64>>, String> {
-        let slot = {
-            let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-            shared.entry(promql.to_string()).or_default().clone()
-        };
-        let mut shared = slot.lock().await;
-        if !shared.lanes.contains(lane) {
-            shared.lanes.insert(lane.clone());
-        }
-        if let Some(answer) = shared.latest.as_ref()
-            && answer.asked.elapsed() <= freshness
+        let query = lock(&self.shared)
+            .entry(promql.to_string())
+            .or_insert_with(|| {
+                Arc::new(SharedQuery {
+                    state: Mutex::default(),
+                    latest: watch::Sender::new(None),
+                })
+            })
+            .clone();
+        let mut latest = query.latest.subscribe();
         {
-            return answer.series.clone();
+            let mut state = lock(&query.state);
+            if !state.lanes.contains(lane) {
+                state.lanes.insert(lane.clone());
+            }
+            state.wanted = Some(Instant::now());
+            if state.running.is_none() {
+                let refresh = tokio::spawn(self.clone().refresh(
+                    promql.to_string(),
+                    query.clone(),
+                    period,
+                ));
+                state.running = Some(refresh.abort_handle());
+            }
         }
-        let bounds = query::shared_bounds(shared.lanes.len());
-        let series = self
-            .run(promql, metrics, bounds)
-            .await
-            .map(|series| Arc::new(index(series)));
-        shared.latest = Some(SharedAnswer {
-            asked: Instant::now(),
-            series: series.clone(),
-        });
-        series
+        let fresh = |answer: &Option<SharedAnswer>| {
+            answer
+                .as_ref()
+                .is_some_and(|a| a.arrived.elapsed() <= period * 2)
+        };
+        match latest.wait_for(fresh).await {
+            Ok(answer) => answer.as_ref().map_or_else(
+                || Err("no answer".to_string()),
+                |answer| answer.series.clone(),
+            ),
+            Err(_) => Err("the operator is stopping".to_string()),
+        }
+    }
+
+    /// Asks a shared query every `period` (from one ask's start to the next) until no pool has
+    /// wanted it for [`REFRESH_IDLE`]. Its bounds grow with the lanes that share it: one pool
+    /// alone gets a pool's own bounds.
+    async fn refresh(self, promql: String, query: Arc<SharedQuery>, period: Duration) {
+        loop {
+            let started = tokio::time::Instant::now();
+            let bounds = query::shared_bounds(lock(&query.state).lanes.len());
+            let series = self
+                .run(&promql, bounds)
+                .await
+                .map(|series| Arc::new(index(series)));
+            query.latest.send_replace(Some(SharedAnswer {
+                arrived: Instant::now(),
+                series,
+            }));
+            tokio::time::sleep_until(started + period).await;
+            let mut state = lock(&query.state);
+            if state.wanted.is_none_or(|at| at.elapsed() > REFRESH_IDLE) {
+                state.running = None;
+                return;
+            }
+        }
+    }
+
+    fn stop_refreshing(&self) {
+        for query in lock(&self.shared).values() {
+            if let Some(refresh) = lock(&query.state).running.take() {
+                refresh.abort();
+            }
+        }
     }
 
     async fn run(
         &self,
         promql: &str,
-        metrics: &Metrics,
         bounds: query::Bounds,
     ) -> std::result::Result<Vec<query::Labelled>, String> {
         let permit = self.in_flight.acquire().await;
@@ -210,7 +285,8 @@ impl Client {
             Ok(_permit) => query::instant(&self.http, &self.endpoint, promql, bounds).await,
             Err(_) => Err("the operator is stopping".to_string()),
         };
-        metrics.observe_query(started.elapsed(), answer.as_ref().err().map(|_| "failed"));
+        self.metrics
+            .observe_query(started.elapsed(), answer.as_ref().err().map(|_| "failed"));
         answer.map_err(|reason| format!("{reason} (query: {promql})"))
     }
 }
@@ -281,8 +357,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A Prometheus stand-in that answers every query with two lanes' series, counting queries.
-    async fn grouped_server() -> (String, Arc<AtomicUsize>) {
+    /// A Prometheus stand-in that answers every query with two lanes' series after `delay`,
+    /// counting queries.
+    async fn grouped_server(delay: Duration) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let asked = Arc::new(AtomicUsize::new(0));
@@ -293,6 +370,7 @@ mod tests {
                 tokio::spawn(async move {
                     let mut request = [0u8; 4096];
                     let _ = stream.read(&mut request).await;
+                    tokio::time::sleep(delay).await;
                     let body = r#"{"status":"success","data":{"resultType":"vector","result":[
                         {"metric":{"namespace":"a","pool":"jobs","lane":"urgent"},"value":[1,"30"]},
                         {"metric":{"namespace":"b","pool":"jobs","lane":"urgent"},"value":[1,"150"]},
@@ -306,6 +384,20 @@ mod tests {
             }
         });
         (url, asked)
+    }
+
+    fn clients() -> Clients {
+        Clients::new(4, Arc::new(Metrics::default()))
+    }
+
+    fn connection(url: String) -> Connection {
+        Connection {
+            url,
+            timeout: Duration::from_secs(5),
+            bearer_token: None,
+            ca_pem: None,
+            headers: BTreeMap::new(),
+        }
     }
 
     fn shared(namespace: &str) -> Query {
@@ -355,41 +447,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_shared_answer_too_large_to_read_falls_back_to_the_pools_own_query() {
-        let client = Clients::new(4)
-            .get(&Connection {
-                url: crowded_server().await,
-                timeout: Duration::from_secs(5),
-                bearer_token: None,
-                ca_pem: None,
-                headers: BTreeMap::new(),
-            })
-            .unwrap();
-        let answer = client
-            .ask(&shared("a"), &Metrics::default(), Duration::from_secs(60))
-            .await;
+        let client = clients().get(&connection(crowded_server().await)).unwrap();
+        let answer = client.ask(&shared("a"), Duration::from_secs(60)).await;
         assert_eq!(answer, Ok(vec![42.0]));
     }
 
     #[tokio::test]
-    async fn pools_sharing_a_query_ask_it_once_per_freshness_and_take_their_own_series() {
-        let (url, asked) = grouped_server().await;
-        let clients = Clients::new(4);
-        let client = clients
-            .get(&Connection {
-                url,
-                timeout: Duration::from_secs(2),
-                bearer_token: None,
-                ca_pem: None,
-                headers: BTreeMap::new(),
-            })
-            .unwrap();
-        let metrics = Metrics::default();
-        let fresh = Duration::from_secs(60);
+    async fn pools_sharing_a_query_ask_it_once_and_take_their_own_series() {
+        let (url, asked) = grouped_server(Duration::ZERO).await;
+        let clients = clients();
+        let client = clients.get(&connection(url)).unwrap();
+        let period = Duration::from_secs(60);
         let (qa, qb, qc) = (shared("a"), shared("b"), shared("c"));
         let (a, b, c) = futures::join!(
-            client.ask(&qa, &metrics, fresh),
-            client.ask(&qb, &metrics, fresh),
-            client.ask(&qc, &metrics, fresh),
+            client.ask(&qa, period),
+            client.ask(&qb, period),
+            client.ask(&qc, period),
         );
         assert_eq!(a, Ok(vec![30.0]));
         assert_eq!(b, Ok(vec![150.0]));
@@ -403,23 +476,56 @@ mod tests {
             1,
             "asked once for the three pools"
         );
-        let again = client.ask(&shared("a"), &metrics, Duration::ZERO).await;
-        assert_eq!(again, Ok(vec![30.0]));
-        assert_eq!(asked.load(Ordering::SeqCst), 2, "asked again once stale");
-        let own = client.ask(&Query::Own("x".into()), &metrics, fresh).await;
+        let own = client.ask(&Query::Own("x".into()), period).await;
         assert_eq!(own.map(|v| v.len()), Ok(3), "a pool's own query is its own");
 
         // Pool churn does not grow what the shared query remembers.
         let lanes = |client: &Client| -> usize {
-            let shared = client.shared.lock().unwrap();
-            shared
-                .values()
-                .map(|slot| slot.try_lock().unwrap().lanes.len())
-                .sum()
+            let shared = lock(&client.shared);
+            shared.values().map(|q| lock(&q.state).lanes.len()).sum()
         };
         assert_eq!(lanes(&client), 3);
         clients.forget_lanes(|lane| lane.namespace == "a");
         assert_eq!(lanes(&client), 1);
+    }
+
+    #[tokio::test]
+    async fn a_shared_query_is_refreshed_in_the_background_and_read_without_waiting() {
+        // Each answer takes 400 ms; the query is refreshed every second.
+        let slow = Duration::from_millis(400);
+        let (url, asked) = grouped_server(slow).await;
+        let clients = clients();
+        let client = clients.get(&connection(url)).unwrap();
+        let period = Duration::from_secs(1);
+        let first = Instant::now();
+        assert_eq!(client.ask(&shared("a"), period).await, Ok(vec![30.0]));
+        assert!(
+            first.elapsed() >= slow,
+            "the first pool waits for the first answer"
+        );
+
+        // 1.2 s after the first ask the refresh is in flight: a pool reads the previous answer
+        // instead of waiting for it.
+        tokio::time::sleep_until((first + Duration::from_millis(1200)).into()).await;
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            2,
+            "refreshed after one period"
+        );
+        let read = Instant::now();
+        assert_eq!(client.ask(&shared("b"), period).await, Ok(vec![150.0]));
+        assert!(read.elapsed() < slow, "read in {:?}", read.elapsed());
+
+        // Once the operator's clients are gone, so is the refresh.
+        drop(clients);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let after = asked.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            after,
+            "no refresh after the clients are dropped"
+        );
     }
 
     #[test]

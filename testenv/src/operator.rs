@@ -41,6 +41,7 @@ impl InProcessOperator {
             surge_timeout: lanepool::controller::DEFAULT_SURGE_TIMEOUT,
             allowed_prometheus_urls: AllowedUrls::any(),
             prometheus_concurrency: lanepool::prometheus::DEFAULT_CONCURRENCY.into(),
+            concurrent_reconciles: lanepool::controller::DEFAULT_CONCURRENT_RECONCILES,
         }
     }
 
