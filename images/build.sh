@@ -95,9 +95,12 @@ build_image() { # name
       exit 1
       ;;
   esac
-  printf 'images: %-36s %s  %6.1f MiB (binary %.1f MiB)\n' "$image" "${archive#"$root"/}" \
-    "$(($(stat -c %s "$archive") * 10 / 1048576))e-1" \
-    "$(($(stat -c %s "$context/$name/"* | sort -n | tail -n 1) * 10 / 1048576))e-1"
+  local binary_bytes
+  binary_bytes=$(stat -c %s "$context/$name/"* | sort -n | tail -n 1)
+  awk -v image="$image" -v archive="${archive#"$root"/}" -v bytes="$(stat -c %s "$archive")" \
+    -v binary="$binary_bytes" 'BEGIN {
+      printf "images: %-36s %-30s %5.1f MiB (binary %.1f MiB)\n", image, archive,
+        bytes / 1048576, binary / 1048576 }'
 }
 
 build_image lanepool
