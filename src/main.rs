@@ -35,20 +35,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => lanepool::run::run(*args),
-        Command::Crd { chart } => match if chart {
-            lanepool_crd_chart_template()
-        } else {
-            lanepool_crd_yaml()
-        } {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
+        Command::Crd { chart } => {
+            let yaml = if chart {
+                lanepool_crd_chart_template()
+            } else {
+                lanepool_crd_yaml()
+            };
+            match yaml {
+                Ok(yaml) => {
+                    print!("{yaml}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Simulate(args) => match lanepool::simulate::command::run(&args) {
             Ok(text) => {
                 println!("{text}");
