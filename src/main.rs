@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lanepool::crd::lanepool_crd_yaml;
+use lanepool::crd::{lanepool_crd_chart_template, lanepool_crd_yaml};
 
 /// lanepool sizes a worker pool's reserve for urgent lanes from measured load, and runs the
 /// reserved and shared workers as two kinds of Deployment.
@@ -17,7 +17,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print the LanePool CustomResourceDefinition as YAML (kubectl apply -f -).
-    Crd,
+    Crd {
+        /// Print it as the Helm chart's template instead (charts/lanepool/templates/crd.yaml).
+        #[arg(long)]
+        chart: bool,
+    },
     /// Run the operator: watch LanePools and size their reserved and shared Deployments.
     Run(Box<lanepool::run::RunArgs>),
     /// Size a reserve from a measured load: ceil(arrival rate × job time × headroom).
@@ -31,16 +35,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => lanepool::run::run(*args),
-        Command::Crd => match lanepool_crd_yaml() {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
+        Command::Crd { chart } => {
+            let yaml = if chart {
+                lanepool_crd_chart_template()
+            } else {
+                lanepool_crd_yaml()
+            };
+            match yaml {
+                Ok(yaml) => {
+                    print!("{yaml}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Simulate(args) => match lanepool::simulate::command::run(&args) {
             Ok(text) => {
                 println!("{text}");

@@ -12,10 +12,12 @@ use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use lanepool::api::LanePool;
+use lanepool::crd::{lanepool_crd, lanepool_crd_chart_template};
 use lanepool::prometheus::AllowedUrls;
 use lanepool_testenv::{self as testenv, InProcessOperator, SimulatedWorkers, TestPrometheus};
 use serde_json::{Value, json};
@@ -110,21 +112,34 @@ fn the_chart_lints_and_carries_the_repositorys_crd() {
         "helm lint --strict, everything enabled:\n{stdout}\n{stderr}"
     );
 
-    // The chart ships a copy of the CRD (Helm installs only files inside the chart). When the
-    // CRD changes (`lanepool crd > crds/lanepool.dev_lanepools.yaml`), refresh the copy with:
-    //     cp crds/lanepool.dev_lanepools.yaml charts/lanepool/crds/
-    let root = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/crds/lanepool.dev_lanepools.yaml"
-    );
-    let copy = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/charts/lanepool/crds/lanepool.dev_lanepools.yaml"
-    );
+    // The chart's CRD template is `lanepool crd --chart`: the generated CRD, wrapped.
+    let template_file = std::fs::read_to_string(format!("{CHART}/templates/crd.yaml")).unwrap();
     assert!(
-        std::fs::read(root).unwrap() == std::fs::read(copy).unwrap(),
-        "charts/lanepool/crds/ differs from crds/lanepool.dev_lanepools.yaml; refresh it with: \
-         cp crds/lanepool.dev_lanepools.yaml charts/lanepool/crds/"
+        template_file == lanepool_crd_chart_template().unwrap(),
+        "charts/lanepool/templates/crd.yaml differs from what the code generates; refresh it with: \
+         cargo run -- crd --chart > charts/lanepool/templates/crd.yaml"
+    );
+    // ... and renders to exactly the repository's CRD (crds/), plus the chart's metadata.
+    let documents = template(&[]).unwrap();
+    let crds = of_kind(&documents, "CustomResourceDefinition");
+    assert_eq!(crds.len(), 1);
+    let mut rendered = crds[0].clone();
+    let metadata = rendered["metadata"].as_object_mut().unwrap();
+    let labels = metadata.remove("labels").expect("the chart's labels");
+    assert_eq!(labels["app.kubernetes.io/instance"], "lanepool");
+    let annotations = metadata.remove("annotations").expect("keep, by default");
+    assert_eq!(annotations, json!({"helm.sh/resource-policy": "keep"}));
+    let checked_in: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/crds/lanepool.dev_lanepools.yaml"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        rendered == checked_in,
+        "the chart's CRD renders other than crds/lanepool.dev_lanepools.yaml"
     );
 }
 
@@ -135,6 +150,8 @@ fn a_typo_or_a_wrong_value_fails_naming_the_key() {
         (&["replicaCount=1", "nonsense=1"][..], "nonsense"),
         (&["image.tagg=0.2.0"][..], "tagg"),
         (&["serviceMonitor.enable=true"][..], "enable"),
+        (&["crds.keeep=false"][..], "keeep"),
+        (&["crds.enabled=no"][..], "enabled"),
         (&["podSecurityContext.runAsRoot=true"][..], "runAsRoot"),
         (&["logFormat=xml"][..], "logFormat"),
         (&["image.pullPolicy=Sometimes"][..], "pullPolicy"),
@@ -253,6 +270,7 @@ fn optional_resources_render_only_when_enabled() {
         kinds(&default),
         BTreeSet::from(
             [
+                "CustomResourceDefinition",
                 "ServiceAccount",
                 "ClusterRole",
                 "ClusterRoleBinding",
@@ -319,6 +337,35 @@ fn optional_resources_render_only_when_enabled() {
     let pdb = of_kind(&pdb, "PodDisruptionBudget")[0];
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert!(pdb["spec"].get("maxUnavailable").is_none());
+}
+
+#[test]
+fn the_crd_renders_unless_disabled_and_is_kept_unless_told_otherwise() {
+    let disabled = template(&["crds.enabled=false"]).unwrap();
+    assert!(of_kind(&disabled, "CustomResourceDefinition").is_empty());
+    assert_eq!(
+        of_kind(&disabled, "Deployment").len(),
+        1,
+        "the rest renders"
+    );
+    let dropped = template(&["crds.keep=false"]).unwrap();
+    let crd = of_kind(&dropped, "CustomResourceDefinition")[0];
+    assert!(
+        crd["metadata"].get("annotations").is_none(),
+        "no keep policy: {}",
+        crd["metadata"]
+    );
+}
+
+#[test]
+fn the_chart_renders_without_being_told_the_kubernetes_version() {
+    // tests/tools/build.sh links helm with the Kubernetes version, as helm's releases are.
+    let (ok, stdout, stderr) = helm(&["template", "lanepool", CHART]);
+    assert!(ok, "helm template without --kube-version:\n{stderr}");
+    assert!(stdout.contains("kind: Deployment"), "{stdout}");
+    // The chart's kubeVersion (>=1.30) is still enforced.
+    let (ok, _, stderr) = helm(&["template", "lanepool", CHART, "--kube-version", "1.29.0"]);
+    assert!(!ok && stderr.contains("kubeVersion"), "{stderr}");
 }
 
 #[test]
@@ -587,8 +634,10 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         &system,
         "--kubeconfig",
         &kubeconfig,
-        // The test environment installed the CRD already; no pod ever runs, so no --wait.
-        "--skip-crds",
+        // The test environment installed the CRD already (not Helm's to own: the chart's CRD
+        // test adopts it); no pod ever runs, so no --wait.
+        "--set",
+        "crds.enabled=false",
         "--set",
         &prometheus_url,
     ];
@@ -837,4 +886,122 @@ async fn installed_for_one_namespace_its_role_is_enough_and_no_more() {
 async fn installed_cluster_wide_its_cluster_role_is_enough_and_no_more() {
     // A release name of its own: ClusterRoles are not namespaced.
     install_and_size_a_pool("lanepool-cluster-wide", false).await;
+}
+
+// ---- The CRD as a template of the chart ----
+
+/// The chart owns the CRD: `helm install` takes over the one in the API server, `helm upgrade`
+/// with a changed CRD changes it there, and `helm uninstall` leaves it (crds.keep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chart_upgrade_that_changes_the_crd_changes_it_in_the_api_server() {
+    let _one_at_a_time = INSTALLS.lock().await;
+    let plane = testenv::shared().expect("the control plane starts");
+    let admin = plane.client().await.unwrap();
+    let system = plane.namespace(&admin, "lanepool-system").await.unwrap();
+    let kubeconfig = plane.kubeconfig().display().to_string();
+    let release = "lanepool-crds";
+    let crds = Api::<CustomResourceDefinition>::all(admin.clone());
+    let name = "lanepools.lanepool.dev";
+    let short_names = |crd: &CustomResourceDefinition| crd.spec.names.short_names.clone();
+
+    // The test environment created the CRD, as `kubectl apply -f crds/` would have: it is handed
+    // to the release the way the README tells, with Helm's ownership label and annotations.
+    let adopt = json!({"metadata": {
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {"meta.helm.sh/release-name": release,
+                        "meta.helm.sh/release-namespace": system},
+    }});
+    crds.patch(name, &PatchParams::default(), &Patch::Merge(&adopt))
+        .await
+        .unwrap();
+    let (ok, stdout, stderr) = helm(&[
+        "install",
+        release,
+        CHART,
+        "--namespace",
+        &system,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "helm install:\n{stdout}\n{stderr}");
+    let installed = crds.get(name).await.unwrap();
+    assert_eq!(short_names(&installed), Some(vec!["lp".to_string()]));
+    assert_eq!(
+        installed.metadata.labels.unwrap_or_default()["app.kubernetes.io/instance"],
+        release,
+        "the chart's labels: the release applied its CRD"
+    );
+    assert_eq!(
+        installed.metadata.annotations.unwrap_or_default()["helm.sh/resource-policy"],
+        "keep"
+    );
+
+    // The chart's next version changes the CRD: one more short name.
+    let upgraded = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testenv::unique_name("chart"));
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(CHART)
+        .arg(&upgraded)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp -r {CHART}");
+    let crd_template = upgraded.join("templates/crd.yaml");
+    let text = std::fs::read_to_string(&crd_template).unwrap();
+    let changed = text.replacen(
+        "    shortNames:\n    - lp\n",
+        "    shortNames:\n    - lp\n    - lpnext\n",
+        1,
+    );
+    assert_ne!(changed, text, "the CRD template lists the short name lp");
+    std::fs::write(&crd_template, changed).unwrap();
+    let upgraded_chart = upgraded.display().to_string();
+    let (ok, stdout, stderr) = helm(&[
+        "upgrade",
+        release,
+        &upgraded_chart,
+        "--namespace",
+        &system,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "helm upgrade:\n{stdout}\n{stderr}");
+    let after_upgrade = crds.get(name).await.unwrap();
+    assert_eq!(
+        short_names(&after_upgrade),
+        Some(vec!["lp".to_string(), "lpnext".to_string()]),
+        "helm upgrade changed the CRD in the API server"
+    );
+    // LanePools are still served (the CRD was changed, not replaced).
+    Api::<LanePool>::namespaced(admin.clone(), &system)
+        .list(&ListParams::default())
+        .await
+        .expect("LanePools are served after the upgrade");
+
+    let (ok, stdout, stderr) = helm(&[
+        "uninstall",
+        release,
+        "--namespace",
+        &system,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "helm uninstall:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("kept due to the resource policy") || stderr.contains("resource policy"),
+        "helm says what it kept:\n{stdout}\n{stderr}"
+    );
+    let kept = crds
+        .get_opt(name)
+        .await
+        .unwrap()
+        .expect("crds.keep: the CRD outlives the release");
+    assert_eq!(short_names(&kept), short_names(&after_upgrade));
+
+    // The other tests' CRD again, as the test environment installed it.
+    let mut pristine = lanepool_crd();
+    pristine.metadata.resource_version = kept.metadata.resource_version;
+    crds.replace(name, &PostParams::default(), &pristine)
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&upgraded);
 }

@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
-# Installs what the tests and the demo need and a fresh machine lacks: Prometheus from Debian's
-# package, and the pinned kube-apiserver, etcd, kubectl and helm built from tests/tools/go.mod.
+# Installs what the tests and the demo need and a fresh machine lacks: Prometheus and buildah
+# (builds and runs the images without a daemon) from Debian's packages, and the pinned kube-apiserver,
+# etcd, kubectl and helm built from tests/tools/go.mod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+updated=false
+apt_install() { # package...
+  if ! $updated; then
+    $sudo_cmd apt-get update -qq
+    updated=true
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 if ! command -v prometheus >/dev/null 2>&1; then
   echo "setup: installing Prometheus from Debian's package..."
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  apt_install prometheus
   # The package starts a system Prometheus on :9090; the tests start their own.
   $sudo_cmd systemctl disable --now prometheus >/dev/null 2>&1 || $sudo_cmd service prometheus stop >/dev/null 2>&1 || true
 fi
 echo "setup: $(prometheus --version 2>&1 | head -n 1)"
+
+# images/build.sh and tests/images.rs build and run the images without a container daemon.
+if ! command -v buildah >/dev/null 2>&1; then
+  echo "setup: installing buildah from Debian's package..."
+  apt_install buildah ca-certificates
+fi
+echo "setup: $(buildah --version)"
 
 ./tests/tools/build.sh

@@ -19,7 +19,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
+# Helm assumes Kubernetes v1.20 (`helm template`, `helm lint`) unless told otherwise at link time,
+# as its release Makefile does; then a chart's kubeVersion ">=1.30" renders without --kube-version.
 helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+  helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+done
 
 build() { # name version package ldflags
   local name=$1 version=$2 pkg=$3 ldflags=$4
@@ -38,5 +43,6 @@ build() { # name version package ldflags
 build etcd "$etcd_version" ./cmd/etcd "-s -w"
 build kube-apiserver "$k8s_version" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
 build kubectl "$k8s_version" k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
-build helm "$helm_version" helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+# The stamp names the Kubernetes version too: a helm built without it is rebuilt.
+build helm "$helm_version+k8s-1.$minor" helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 echo "tools: ready in $out"

@@ -1,0 +1,623 @@
+//! The images images/build.sh builds, run the way a cluster runs them: the operator's own binary,
+//! from its image, as user 65532 on a read-only root, sizes a pool on the real API server from the
+//! real Prometheus; the worker's binary, from its image, takes jobs from the example queue; and
+//! neither image holds anything but its binary (no shell, no package manager).
+//!
+//! buildah runs them (`buildah run --isolation chroot`, no daemon). It cannot make a container's
+//! root read-only itself, so `run_from_image` does what a runtime does for readOnlyRootFilesystem:
+//! in a mount namespace of its own it makes the mount points, bind-mounts the container's root
+//! onto itself read-only, and puts a tmpfs on /run (where buildah writes /run/.containerenv).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::api::PostParams;
+use lanepool::api::LanePool;
+use lanepool_testenv::{self as testenv, SimulatedWorkers, TestPrometheus};
+use serde_json::{Value, json};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The chart's runAsUser and the images' USER.
+const USER: &str = "65532";
+
+/// Runs images/build.sh once per test binary (cargo makes it a no-op when nothing changed) and
+/// returns target/images/.
+fn images() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let buildah = Command::new("buildah").arg("--version").output();
+        assert!(
+            buildah.is_ok_and(|o| o.status.success()),
+            "buildah is not installed: run ./tests/setup.sh (it installs Debian's buildah)"
+        );
+        let mut build = Command::new(format!("{ROOT}/images/build.sh"));
+        build.env("LANEPOOL_IMAGE_BUILDER", "buildah");
+        without_cargos_test_variables(&mut build);
+        let started = Instant::now();
+        let status = build.status().expect("running images/build.sh");
+        assert!(status.success(), "images/build.sh failed");
+        eprintln!("images/build.sh took {:.0?}", started.elapsed());
+        // A storage of this run's own, so no container of an earlier run is in the way.
+        let _ = std::fs::remove_dir_all(storage());
+        PathBuf::from(ROOT).join("target/images")
+    })
+}
+
+/// Without the variables cargo set for this test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some build
+/// scripts rerun when they change, and the outer build would then be redone.
+fn without_cargos_test_variables(command: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_") && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
+            command.env_remove(&*name);
+        }
+    }
+}
+
+fn storage() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("images-buildah")
+}
+
+/// buildah with the test's own vfs storage.
+fn buildah() -> Command {
+    let storage = storage();
+    let mut command = Command::new("buildah");
+    command
+        .arg("--root")
+        .arg(storage.join("root"))
+        .arg("--runroot")
+        .arg(storage.join("run"))
+        .args(["--storage-driver", "vfs"]);
+    command
+}
+
+fn buildah_output(args: &[&str]) -> String {
+    let output = buildah().args(args).output().expect("running buildah");
+    assert!(
+        output.status.success(),
+        "buildah {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// A working container made from an OCI archive in target/images/, removed when dropped.
+struct Container {
+    name: String,
+    /// Its root on this machine (vfs: a plain directory).
+    root: PathBuf,
+}
+
+impl Container {
+    fn from_archive(image: &str) -> Self {
+        let archive = images().join(format!("{image}.tar"));
+        let name = testenv::unique_name(image);
+        let from = format!("oci-archive:{}", archive.display());
+        buildah_output(&["from", "--quiet", "--name", &name, &from]);
+        let root = PathBuf::from(buildah_output(&["mount", &name]));
+        Self { name, root }
+    }
+
+    /// The image's configuration (OCIv1 config: User, Entrypoint, Cmd…).
+    fn config(&self) -> Value {
+        let inspect: Value =
+            serde_json::from_str(&buildah_output(&["inspect", &self.name])).unwrap();
+        inspect["OCIv1"]["config"].clone()
+    }
+
+    /// Every path in the root, relative to it, and the bytes of its files.
+    fn files(&self) -> (BTreeSet<String>, u64) {
+        fn walk(dir: &Path, root: &Path, paths: &mut BTreeSet<String>, bytes: &mut u64) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                let metadata = std::fs::symlink_metadata(&path).unwrap();
+                let relative = path.strip_prefix(root).unwrap().display().to_string();
+                paths.insert(relative);
+                if metadata.is_dir() {
+                    walk(&path, root, paths, bytes);
+                } else {
+                    *bytes += metadata.len();
+                }
+            }
+        }
+        let (mut paths, mut bytes) = (BTreeSet::new(), 0);
+        walk(&self.root, &self.root, &mut paths, &mut bytes);
+        (paths, bytes)
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = buildah().args(["rm", &self.name]).output();
+    }
+}
+
+/// A command from a container's root, run by `buildah run` as user 65532 on a read-only root;
+/// `volumes` are (host directory, directory under /run) pairs, mounted read-only. Its output is
+/// collected; the whole process group is killed when dropped.
+struct FromImage {
+    child: Child,
+    output: Arc<Mutex<Vec<String>>>,
+}
+
+fn run_from_image(
+    container: &Container,
+    volumes: &[(&Path, &str)],
+    env: &[(&str, String)],
+    argv: &[String],
+) -> FromImage {
+    // Mount points first (as a runtime makes them before it makes the root read-only), then the
+    // read-only root and a tmpfs for /run, then buildah, all in a private mount namespace that
+    // ends with the process.
+    let mut script = String::from(
+        "set -e; root=$1; shift
+         mkdir -p \"$root/proc\" \"$root/dev\" \"$root/sys\" \"$root/run\" \"$root/etc\"
+         for f in hosts hostname resolv.conf; do [ -e \"$root/etc/$f\" ] || : > \"$root/etc/$f\"; done
+         mount --bind \"$root\" \"$root\"
+         mount -o remount,bind,ro \"$root\"
+         mount -t tmpfs -o size=1m,mode=0755 tmpfs \"$root/run\"\n",
+    );
+    for (_, under_run) in volumes {
+        script.push_str(&format!("mkdir -p \"$root/run/{under_run}\"\n"));
+    }
+    script.push_str("exec \"$@\"");
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+        ])
+        .arg(&container.root)
+        .arg("buildah")
+        .arg("--root")
+        .arg(storage().join("root"))
+        .arg("--runroot")
+        .arg(storage().join("run"))
+        .args(["--storage-driver", "vfs", "run", "--isolation", "chroot"])
+        .args(["--network", "host", "--user", &format!("{USER}:{USER}")]);
+    for (host, under_run) in volumes {
+        command
+            .arg("--volume")
+            .arg(format!("{}:/run/{under_run}:ro", host.display()));
+    }
+    for (name, value) in env {
+        command.arg("--env").arg(format!("{name}={value}"));
+    }
+    command.arg(&container.name).arg("--").args(argv);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting unshare and buildah run");
+    let output = Arc::new(Mutex::new(Vec::new()));
+    for stream in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let output = output.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                output.lock().unwrap().push(line);
+            }
+        });
+    }
+    FromImage { child, output }
+}
+
+impl FromImage {
+    fn output(&self) -> String {
+        self.output.lock().unwrap().join("\n")
+    }
+
+    /// The process named `comm` that buildah started (same process group), once it runs.
+    fn process(&self, comm: &str) -> u32 {
+        let group = self.child.id();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = std::fs::read_dir("/proc").unwrap().find_map(|entry| {
+                let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+                let pgrp: u32 = rest.split(' ').nth(2)?.parse().ok()?;
+                (name == comm && pgrp == group).then_some(pid)
+            });
+            if let Some(pid) = found {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no process {comm} from the image; buildah said:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Signals the whole group (buildah and the image's process).
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the process group this test started.
+        unsafe { libc::kill(-(self.child.id() as i32), signal) };
+    }
+}
+
+impl Drop for FromImage {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+/// What the kernel says of a process: it runs as 65532 and its root is mounted read-only.
+fn assert_runs_as_65532_on_a_read_only_root(pid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert_eq!(
+        uids.split_whitespace().skip(1).collect::<Vec<_>>(),
+        [USER; 4],
+        "real, effective, saved and filesystem uid"
+    );
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    // The last mount on / is the one the process sees: fields 5 (mount point) and 6 (options).
+    let root = mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/"))
+        .expect("a mount on /");
+    let options = root.split(' ').nth(5).unwrap();
+    assert!(
+        options.split(',').any(|o| o == "ro"),
+        "the root is mounted read-only: {root}"
+    );
+}
+
+// ---- What the images hold ----
+
+#[test]
+fn each_image_holds_its_static_binary_and_nothing_else() {
+    for (image, binary, expected) in [
+        (
+            "lanepool",
+            "lanepool",
+            &[
+                "etc",
+                "etc/ssl",
+                "etc/ssl/certs",
+                "etc/ssl/certs/ca-certificates.crt",
+                "lanepool",
+            ][..],
+        ),
+        ("lane-worker", "lane-worker", &["lane-worker"][..]),
+    ] {
+        let container = Container::from_archive(image);
+        let (files, bytes) = container.files();
+        // No shell, no package manager, no libc: nothing but what the Dockerfile copies.
+        for absent in [
+            "bin/sh",
+            "bin/bash",
+            "bin/busybox",
+            "usr/bin/apt",
+            "usr/bin/dpkg",
+            "sbin/apk",
+        ] {
+            assert!(!files.contains(absent), "{image} holds {absent}");
+        }
+        assert_eq!(
+            files,
+            expected
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<BTreeSet<_>>(),
+            "{image}'s files"
+        );
+
+        let config = container.config();
+        assert_eq!(config["User"], format!("{USER}:{USER}"), "{image}");
+        assert_eq!(
+            config["Entrypoint"],
+            json!([format!("/{binary}")]),
+            "{image}"
+        );
+
+        // The archive is tagged with the crate's version, which is the chart's appVersion: the
+        // chart installs the image this builds.
+        let archive = images().join(format!("{image}.tar"));
+        let index = Command::new("tar")
+            .arg("-xOf")
+            .arg(&archive)
+            .arg("index.json")
+            .output()
+            .unwrap();
+        let index: Value = serde_json::from_slice(&index.stdout).expect("an OCI index.json");
+        assert_eq!(
+            index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+            format!("ghcr.io/lanepool/{image}:{VERSION}")
+        );
+
+        let size = std::fs::metadata(&archive).unwrap().len();
+        eprintln!(
+            "{image}: archive {:.1} MiB, unpacked {:.1} MiB",
+            size as f64 / 1048576.0,
+            bytes as f64 / 1048576.0
+        );
+        if image == "lanepool" {
+            assert!(
+                bytes < 40 << 20,
+                "the operator image unpacks to {bytes} bytes"
+            );
+        }
+    }
+    let chart = std::fs::read_to_string(format!("{ROOT}/charts/lanepool/Chart.yaml")).unwrap();
+    assert!(
+        chart.contains(&format!("appVersion: \"{VERSION}\"")),
+        "the chart's appVersion is the crate's version {VERSION}"
+    );
+}
+
+// ---- The operator from its image ----
+
+/// A kubeconfig with the credentials inside it, readable by 65532, in a directory of its own.
+fn kubeconfig_for_the_image(plane: &testenv::ControlPlane) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testenv::unique_name("kube"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let flattened = Command::new(testenv::tool("kubectl").unwrap())
+        .args(["config", "view", "--raw", "--flatten", "--kubeconfig"])
+        .arg(plane.kubeconfig())
+        .output()
+        .unwrap();
+    assert!(flattened.status.success(), "kubectl config view --flatten");
+    std::fs::write(dir.join("kubeconfig"), flattened.stdout).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        dir.join("kubeconfig"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    dir
+}
+
+async fn until<F, Fut>(seconds: u64, what: &str, mut check: F, output: impl Fn() -> String)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let took = testenv::poll_until(Duration::from_secs(seconds), &mut check).await;
+    assert!(
+        took.is_some(),
+        "{what}: not within {seconds} s; the operator said:\n{}",
+        output()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_from_its_image_sizes_a_pool_as_65532_on_a_read_only_root() {
+    let plane = testenv::shared().expect("the control plane starts");
+    let client = plane.client().await.unwrap();
+    let namespace = plane.namespace(&client, "image").await.unwrap();
+    let workers = SimulatedWorkers::start().unwrap();
+    let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
+    workers.set_lane(&namespace, "jobs", "urgent", 30.0, 0.020);
+    let kube_dir = kubeconfig_for_the_image(plane);
+    let metrics_port = testenv::free_port().unwrap();
+
+    let container = Container::from_archive("lanepool");
+    let config = container.config();
+    // The image's own entrypoint, with the flags a test needs: its namespace, short windows
+    // (Prometheus scrapes every second), and Prometheus by name (localhost: the static binary
+    // resolves names without glibc's NSS libraries, which the image does not hold).
+    let mut argv: Vec<String> = serde_json::from_value(config["Entrypoint"].clone()).unwrap();
+    argv.extend(
+        [
+            "run",
+            &format!("--namespaces={namespace}"),
+            &format!("--leader-election-namespace={namespace}"),
+            "--identity=from-image",
+            &format!(
+                "--prometheus-url={}",
+                prometheus.url().replace("127.0.0.1", "localhost")
+            ),
+            &format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+            "--rate-window=5s",
+            "--recent-rate-lookback=5s",
+            "--scrape-interval=1s",
+            "--job-time-window=5s",
+        ]
+        .map(String::from),
+    );
+    let operator = run_from_image(
+        &container,
+        &[(&kube_dir, "kube")],
+        &[("KUBECONFIG", "/run/kube/kubeconfig".into())],
+        &argv,
+    );
+    let pid = operator.process("lanepool");
+    assert_runs_as_65532_on_a_read_only_root(pid);
+
+    let metrics: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
+    until(
+        30,
+        "/readyz answers 200",
+        || async { testenv::http_get(metrics, "/readyz").is_ok_and(|(status, _)| status == 200) },
+        || operator.output(),
+    )
+    .await;
+
+    let yaml = std::fs::read_to_string(format!("{ROOT}/examples/lanepool.yaml")).unwrap();
+    let mut manifest: Value = serde_yaml::from_str(&yaml).unwrap();
+    manifest["spec"]["interval"] = json!("5s");
+    manifest["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("prometheus");
+    let pool: LanePool = serde_json::from_value(manifest).unwrap();
+    Api::<LanePool>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+
+    // 30 jobs/s × 20 ms × 1.5 → 1 reserved worker; the other 9 of 10 shared.
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let replicas = |name: &'static str| {
+        let deployments = deployments.clone();
+        async move { deployments.get_opt(name).await.ok()??.spec?.replicas }
+    };
+    until(
+        60,
+        "jobs-urgent-reserved 1 and jobs-shared 9",
+        || async {
+            replicas("jobs-urgent-reserved").await == Some(1)
+                && replicas("jobs-shared").await == Some(9)
+        },
+        || operator.output(),
+    )
+    .await;
+    // And a measured rate, which only a working Prometheus connection gives.
+    let pools = Api::<LanePool>::namespaced(client.clone(), &namespace);
+    until(
+        30,
+        "a measured arrival rate in the status",
+        || async {
+            let pool = pools.get("jobs").await.unwrap();
+            pool.status.is_some_and(|s| {
+                s.lanes
+                    .iter()
+                    .any(|l| l.arrival_rate_per_second.is_some_and(|r| r > 0.0))
+            })
+        },
+        || operator.output(),
+    )
+    .await;
+
+    // SIGTERM ends the operator (the process the image runs, not only buildah).
+    operator.signal(libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the operator did not stop on SIGTERM:\n{}",
+            operator.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(operator);
+    let _ = std::fs::remove_dir_all(&kube_dir);
+}
+
+// ---- The example worker from its image ----
+
+/// The example queue (examples/lane_queue), built for this test's profile, with a batch backlog.
+struct Queue {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Queue {
+    fn start(batch_backlog: u32) -> Self {
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build
+            .args(["build", "--quiet", "--example", "lane_queue"])
+            .current_dir(ROOT);
+        without_cargos_test_variables(&mut build);
+        let exe = std::env::current_exe().unwrap();
+        let profile = exe.parent().and_then(Path::parent).unwrap();
+        if profile.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().unwrap();
+        assert!(status.success(), "cargo build --example lane_queue");
+        let mut child = Command::new(profile.join("examples/lane_queue"))
+            .args([
+                "--listen=127.0.0.1:0",
+                "--urgent-profile=0s=0",
+                &format!("--batch-backlog={batch_backlog}"),
+                "--batch-rate=0",
+                "--batch-ms=5..5",
+                "--long-poll=200ms",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = lines
+            .find_map(|line| {
+                let line = line.ok()?;
+                line.rsplit_once("listening on http://")?.1.parse().ok()
+            })
+            .expect("the queue's listening line");
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, addr }
+    }
+
+    /// lanepool_jobs_completed_total{lane=...} from the queue's /metrics.
+    fn completed(&self, lane: &str) -> f64 {
+        let (_, body) = testenv::http_get(self.addr, "/metrics").unwrap();
+        body.lines()
+            .find(|l| {
+                l.starts_with("lanepool_jobs_completed_total{")
+                    && l.contains(&format!("lane=\"{lane}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_worker_from_its_image_takes_jobs_from_the_example_queue() {
+    let queue = Queue::start(20);
+    let container = Container::from_archive("lane-worker");
+    let argv: Vec<String> =
+        serde_json::from_value(container.config()["Entrypoint"].clone()).unwrap();
+    let worker = run_from_image(
+        &container,
+        &[],
+        &[
+            ("LANEPOOL_LANES", "urgent,batch".into()),
+            ("LANEPOOL_ROLE", "shared".into()),
+            ("LANEPOOL_POOL", "jobs".into()),
+            ("LANEPOOL_QUEUE_URL", format!("http://{}", queue.addr)),
+            ("HOSTNAME", "worker-from-image".into()),
+        ],
+        &argv,
+    );
+    let pid = worker.process("lane-worker");
+    assert_runs_as_65532_on_a_read_only_root(pid);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while queue.completed("batch") < 20.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 20 batch jobs done; the worker said:\n{}",
+            queue.completed("batch"),
+            worker.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = worker.output();
+    assert!(
+        output.contains("worker-from-image: batch job"),
+        "the worker from the image reported its jobs:\n{output}"
+    );
+}
