@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::warn;
 
@@ -150,15 +150,32 @@ impl Context {
         caches
     }
 
-    /// A pool's Deployments, from the watch cache.
-    pub(super) async fn pool_deployments(&self, namespace: &str, pool: &str) -> Vec<Deployment> {
+    /// A pool's Deployments, from the watch cache: each of `names` looked up by its key, and
+    /// when `sweep` every Deployment labelled as the pool's (a scan of the whole cache, for what
+    /// a removed lane left behind: after a spec change or a restart, not on every reconcile).
+    pub(super) async fn pool_deployments(
+        &self,
+        namespace: &str,
+        pool: &str,
+        names: &[String],
+        sweep: bool,
+    ) -> Vec<Deployment> {
         let caches = self.ready_caches().await;
-        in_namespace(caches.iter().map(|c| &c.deployments), namespace, |d| {
-            d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
-        })
-        .into_iter()
-        .map(|d| (*d).clone())
-        .collect()
+        let stores = || caches.iter().map(|c| &c.deployments);
+        let labelled = |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
+        let found = if sweep {
+            in_namespace(stores(), namespace, labelled)
+        } else {
+            names
+                .iter()
+                .flat_map(|name| {
+                    let key = ObjectRef::new(name).within(namespace);
+                    stores().filter_map(move |store| store.get(&key))
+                })
+                .filter(|d| labelled(d))
+                .collect()
+        };
+        found.into_iter().map(|d| (*d).clone()).collect()
     }
 
     /// The autoscalers of a namespace, from the watch cache.

@@ -40,7 +40,7 @@ pub use workers::{
 };
 
 use crate::api::{LanePool, POOL_LABEL};
-use crate::sizing::{Inputs, PoolSizing, decide};
+use crate::sizing::{Inputs, PoolSizing, Replicas, decide};
 use crate::{Error, Result};
 use status::ConditionState;
 
@@ -217,14 +217,19 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
 
     let sizing = PoolSizing::from_spec(&pool.spec)?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut memory = ctx.memory(&key);
+    let names: Vec<String> = workers::pool_roles(pool, &Replicas::default())
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
     let existing: BTreeMap<String, Deployment> = ctx
-        .pool_deployments(&namespace, &name)
+        .pool_deployments(&namespace, &name, &names, sweep)
         .await
         .into_iter()
         .map(|d| (d.name_any(), d))
         .collect();
     let now = ctx.started.elapsed();
-    let mut memory = ctx.memory(&key);
     let start = memory.start(pool.metadata.generation, interval, now, || {
         step::recorded_replicas(pool, &old_status, &existing)
     });
@@ -269,6 +274,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     )
     .await?;
     memory.applied(surge.replicas);
+    memory.swept = pool.metadata.generation;
     ctx.keep(&key, &memory);
 
     if let Some(decision) = decision {

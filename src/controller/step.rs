@@ -31,6 +31,9 @@ pub(super) struct PoolMemory {
     pub(super) failures: u32,
     /// How the pool last reached Prometheus: its client stays cached while the pool lives.
     pub(super) connection: Option<Connection>,
+    /// The spec generation for which every Deployment labelled as the pool's was looked at (and
+    /// a removed lane's removed): none yet after a start.
+    pub(super) swept: Option<i64>,
 }
 
 /// The largest share of the interval a requeue comes early by: below the tenth that

@@ -278,6 +278,21 @@ async fn main() {
         "apiserver_request_total{",
         &["verb=\"LIST\""],
     );
+    // Every request the API server served, by verb (the watches are long-running, counted once).
+    let requests: Vec<(&str, f64)> = ["GET", "LIST", "WATCH", "PATCH", "POST", "PUT", "DELETE"]
+        .into_iter()
+        .map(|verb| {
+            let filter = format!("verb=\"{verb}\"");
+            let count = per_interval(
+                &before_api,
+                &after_api,
+                "apiserver_request_total{",
+                &[&filter],
+            );
+            (verb, count)
+        })
+        .filter(|(_, count)| *count > 0.0)
+        .collect();
     let reconciles = per_interval(
         &before_op,
         &after_op,
@@ -316,4 +331,12 @@ async fn main() {
     );
     println!("Prometheus queries per interval        {queries:.1}");
     println!("API server LISTs per interval          {lists:.1}");
+    println!(
+        "API server requests per interval       {}",
+        requests
+            .iter()
+            .map(|(verb, count)| format!("{verb} {count:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }
