@@ -1,5 +1,6 @@
-//! etcd plus kube-apiserver with TLS, RBAC and the LanePool CRD installed. No scheduler, no
-//! controller-manager and no kubelet: Deployments are stored and validated, pods never run.
+//! etcd plus kube-apiserver with TLS, RBAC and the LanePool CRD installed, and on request
+//! kube-controller-manager (Deployments become ReplicaSets and Pods; owners' deletions and
+//! namespaces are garbage-collected). No scheduler and no kubelet: pods never run by themselves.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,7 +19,19 @@ use lanepool::crd::lanepool_crd;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running etcd and kube-apiserver.
+/// Which controllers run beside the API server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Controllers {
+    /// None: Deployments are stored and validated, nothing acts on them; a test (or
+    /// [`super::DeploymentReadiness`]) writes their status.
+    #[default]
+    None,
+    /// kube-controller-manager with the deployment, replicaset, garbagecollector and namespace
+    /// controllers: Deployments make ReplicaSets and Pods, and what a deleted object owned goes.
+    Pods,
+}
+
+/// A running etcd and kube-apiserver, and kube-controller-manager with [`Controllers::Pods`].
 pub struct ControlPlane {
     dir: PathBuf,
     // Held so the directory and the processes live as long as the control plane.
@@ -34,21 +47,34 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver in a new temporary directory and installs the CRD.
     pub async fn start() -> Result<Self> {
+        Self::start_with(Controllers::None).await
+    }
+
+    /// [`Self::start`], with `controllers` beside the API server.
+    pub async fn start_with(controllers: Controllers) -> Result<Self> {
         let temp = tempfile::Builder::new()
             .prefix("lanepool-testenv-")
             .tempdir()
             .map_err(io("creating a temporary directory"))?;
         let dir = temp.path().to_path_buf();
-        let mut plane = Self::start_in(&dir, Lifetime::Process).await?;
+        let mut plane = Self::start_in(&dir, Lifetime::Process, controllers).await?;
         plane._temp = Some(temp);
         Ok(plane)
     }
 
     /// Starts in `dir`, which is kept; with `Lifetime::Detached` the processes outlive us.
-    pub async fn start_in(dir: &Path, lifetime: Lifetime) -> Result<Self> {
+    pub async fn start_in(
+        dir: &Path,
+        lifetime: Lifetime,
+        controllers: Controllers,
+    ) -> Result<Self> {
         let began = Instant::now();
         let etcd_bin = tool("etcd")?;
         let apiserver_bin = tool("kube-apiserver")?;
+        let controller_manager_bin = match controllers {
+            Controllers::None => None,
+            Controllers::Pods => Some(tool("kube-controller-manager")?),
+        };
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let certs = certs::write(dir)?;
 
@@ -99,15 +125,27 @@ impl ControlPlane {
             startup: Duration::ZERO,
         };
         if lifetime == Lifetime::Detached {
-            let pids: Vec<String> = plane
-                .processes
-                .iter()
-                .map(|p| p.child.id().to_string())
-                .collect();
+            let pids: Vec<String> = plane.pids().iter().map(u32::to_string).collect();
             std::fs::write(dir.join("pids"), pids.join("\n") + "\n")
                 .map_err(io("writing the pid file"))?;
         }
         plane.wait_ready().await?;
+        // Started once the API server answers, and not waited for: it lists and watches on its
+        // own, and a test waits for the Pods it needs anyway.
+        if let Some(program) = controller_manager_bin {
+            plane.processes.push(Process::start(
+                "kube-controller-manager",
+                &program,
+                &controller_manager_args(&certs, &plane.kubeconfig),
+                dir.join("kube-controller-manager.log"),
+                lifetime,
+            )?);
+        }
+        if lifetime == Lifetime::Detached {
+            let pids: Vec<String> = plane.pids().iter().map(u32::to_string).collect();
+            std::fs::write(dir.join("pids"), pids.join("\n") + "\n")
+                .map_err(io("writing the pid file"))?;
+        }
         plane.install_crd().await?;
         plane.startup = began.elapsed();
         Ok(plane)
@@ -128,7 +166,7 @@ impl ControlPlane {
         &self.dir
     }
 
-    /// The pids of etcd and kube-apiserver.
+    /// The pids of etcd, kube-apiserver and (when it runs) kube-controller-manager.
     pub fn pids(&self) -> Vec<u32> {
         self.processes.iter().map(|p| p.child.id()).collect()
     }
@@ -280,12 +318,33 @@ fn apiserver_args(certs: &CertFiles, etcd_url: &str, port: u16, dir: &Path) -> V
         "--service-cluster-ip-range=10.0.0.0/24".into(),
         "--authorization-mode=RBAC".into(),
         "--allow-privileged=true".into(),
-        // No controller-manager runs: nothing would create service-account tokens or the
-        // kubernetes Service endpoints.
+        // The controller-manager, when it runs, runs no serviceaccount or endpoint controllers:
+        // nothing would create service-account tokens or the kubernetes Service endpoints.
         "--disable-admission-plugins=ServiceAccount".into(),
         "--endpoint-reconciler-type=none".into(),
         "--enable-priority-and-fairness=false".into(),
         "--profiling=false".into(),
+        "--v=0".into(),
+    ]
+}
+
+fn controller_manager_args(certs: &CertFiles, kubeconfig: &Path) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        format!("--kubeconfig={}", path(kubeconfig)),
+        "--controllers=deployment,replicaset,garbagecollector,namespace".into(),
+        format!(
+            "--service-account-private-key-file={}",
+            path(&certs.service_account_key)
+        ),
+        format!("--root-ca-file={}", path(&certs.ca)),
+        // One controller-manager per control plane: nothing to elect, and no wait for a Lease.
+        "--leader-elect=false".into(),
+        // No health or metrics port: nothing here scrapes it, and no port to collide on.
+        "--secure-port=0".into(),
+        // The controllers act as the admin of the kubeconfig rather than per-controller service
+        // accounts, whose tokens no controller here would create.
+        "--use-service-account-credentials=false".into(),
         "--v=0".into(),
     ]
 }
@@ -336,17 +395,22 @@ static SHARED: std::sync::Mutex<Option<&'static ControlPlane>> = std::sync::Mute
 /// The control plane shared by every test in this test binary, started on first use. It is
 /// stopped when the binary exits (an `atexit` hook), or killed by the kernel if the binary dies.
 pub fn shared() -> Result<&'static ControlPlane> {
+    shared_with(Controllers::None)
+}
+
+/// [`shared`], with `controllers`. A test binary asks for one kind: the first call decides.
+pub fn shared_with(controllers: Controllers) -> Result<&'static ControlPlane> {
     let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(plane) = *slot {
         return Ok(plane);
     }
     // Started on a thread of its own: the caller may be inside a tokio runtime.
-    let plane = std::thread::spawn(|| {
+    let plane = std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(io("building a runtime"))?
-            .block_on(ControlPlane::start())
+            .block_on(ControlPlane::start_with(controllers))
     })
     .join()
     .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;

@@ -1,6 +1,7 @@
-//! A real local control plane for tests and the demo: etcd, kube-apiserver and Prometheus as
-//! processes on 127.0.0.1, the way envtest does it for Go operators. Only behind the `testenv`
-//! feature; it must never leave a process running after the process that started it is gone.
+//! A real local control plane for tests and the demo: etcd, kube-apiserver, optionally
+//! kube-controller-manager, and Prometheus as processes on 127.0.0.1, the way envtest does it
+//! for Go operators. It must never leave a process running after the process that started it
+//! is gone.
 
 mod certs;
 mod control_plane;
@@ -13,7 +14,7 @@ mod worker_metrics;
 use std::net::TcpListener;
 use std::path::PathBuf;
 
-pub use control_plane::{ControlPlane, shared, unique_name};
+pub use control_plane::{ControlPlane, Controllers, shared, shared_with, unique_name};
 pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{TestPrometheus, http_get};

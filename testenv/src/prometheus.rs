@@ -1,5 +1,6 @@
-//! A real Prometheus (Debian's package) scraping given targets every second, with its own data
-//! directory and port. It can be stopped and started again on the same port, so tests can prove
+//! A real Prometheus (Debian's package) scraping given targets every second, and the worker Pods
+//! a process kubelet lists in its file_sd file ([`TestPrometheus::pod_targets`]), with its own
+//! data directory and port. It can be stopped and started again on the same port, so tests can prove
 //! what the operator does while Prometheus is down.
 
 use std::io::{Read, Write};
@@ -11,6 +12,8 @@ use super::process::{Lifetime, Process};
 use super::{Result, TestEnvError, free_port, io};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The file_sd file of worker Pods, in Prometheus's directory.
+const POD_TARGETS: &str = "pod-targets.json";
 
 /// A Prometheus server on 127.0.0.1.
 pub struct TestPrometheus {
@@ -39,13 +42,20 @@ impl TestPrometheus {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let config = dir.join("prometheus.yml");
         let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+        // Pods carry their namespace, pool and pod as target labels, as the README's relabelling
+        // gives them in a cluster; a worker's own labels never override those.
+        let pod_targets = dir.join(POD_TARGETS);
+        std::fs::write(&pod_targets, "[]\n").map_err(io("writing the pod targets file"))?;
         std::fs::write(
             &config,
             format!(
                 "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
                  scrape_configs:\n- job_name: workers\n  honor_labels: true\n  \
-                 static_configs:\n  - targets: [{}]\n",
-                targets.join(", ")
+                 static_configs:\n  - targets: [{}]\n\
+                 - job_name: pods\n  file_sd_configs:\n  - files: [\"{}\"]\n    \
+                 refresh_interval: 1s\n",
+                targets.join(", "),
+                pod_targets.display()
             ),
         )
         .map_err(io("writing prometheus.yml"))?;
@@ -71,6 +81,12 @@ impl TestPrometheus {
     /// Its base URL, such as http://127.0.0.1:41234.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The file_sd file Prometheus reads worker Pods from (JSON, rewritten whole), scraped
+    /// every second as the job `pods`.
+    pub fn pod_targets(&self) -> PathBuf {
+        self.dir.join(POD_TARGETS)
     }
 
     /// Its pid, while it runs.

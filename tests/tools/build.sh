@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned control-plane tools (kube-apiserver, kubectl, etcd, helm) into target/tools/
-# and skips any already built at the pinned version. The first build takes several minutes.
+# Builds the pinned control-plane tools (kube-apiserver, kube-controller-manager, kubectl, etcd,
+# helm) into target/tools/ and skips any already built at the pinned version. The first build
+# takes several minutes.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,6 +43,7 @@ build() { # name version package ldflags
 
 build etcd "$etcd_version" ./cmd/etcd "-s -w"
 build kube-apiserver "$k8s_version" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
+build kube-controller-manager "$k8s_version" k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
 build kubectl "$k8s_version" k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
 # The stamp names the Kubernetes version too: a helm built without it is rebuilt.
 build helm "$helm_version+k8s-1.$minor" helm.sh/helm/v3/cmd/helm "$helm_ldflags"

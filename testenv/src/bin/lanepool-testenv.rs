@@ -1,5 +1,6 @@
-//! `lanepool-testenv`: leaves a local control plane (etcd, kube-apiserver with the LanePool CRD)
-//! and Prometheus running for a person or the demo, and stops them again. Used by
+//! `lanepool-testenv`: leaves a local control plane (etcd, kube-apiserver with the LanePool CRD,
+//! kube-controller-manager) and Prometheus running for a person or the demo, and stops them
+//! again. Used by
 //! tests/cluster/up.sh and down.sh.
 
 use std::net::SocketAddr;
@@ -8,7 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lanepool_testenv::{ControlPlane, Lifetime, TestPrometheus, process_alive, terminate_pid};
+use lanepool_testenv::{
+    ControlPlane, Controllers, Lifetime, TestPrometheus, process_alive, terminate_pid,
+};
 
 #[derive(Parser)]
 #[command(name = "lanepool-testenv", about)]
@@ -19,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start etcd, kube-apiserver and Prometheus in DIR and leave them running.
+    /// Start etcd, kube-apiserver, kube-controller-manager and Prometheus in DIR and leave them
+    /// running.
     Up {
         /// Where certificates, data, logs, the kubeconfig and the pid file go.
         #[arg(long, default_value = "target/cluster")]
@@ -27,6 +31,9 @@ enum Command {
         /// A host:port Prometheus scrapes every second (repeatable).
         #[arg(long = "scrape", value_name = "HOST:PORT")]
         scrape: Vec<SocketAddr>,
+        /// Run no kube-controller-manager: Deployments stay Deployments, nothing makes Pods.
+        #[arg(long)]
+        no_controller_manager: bool,
     },
     /// Stop what `up` started in DIR.
     Down {
@@ -38,7 +45,18 @@ enum Command {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Up { dir, scrape } => up(&dir, &scrape).await,
+        Command::Up {
+            dir,
+            scrape,
+            no_controller_manager,
+        } => {
+            let controllers = if no_controller_manager {
+                Controllers::None
+            } else {
+                Controllers::Pods
+            };
+            up(&dir, &scrape, controllers).await
+        }
         Command::Down { dir } => down(&dir),
     };
     match result {
@@ -50,7 +68,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn up(dir: &Path, scrape: &[SocketAddr]) -> Result<(), String> {
+async fn up(dir: &Path, scrape: &[SocketAddr], controllers: Controllers) -> Result<(), String> {
     if pids(dir).iter().any(|pid| process_alive(*pid)) {
         return Err(format!(
             "a control plane is already running in {}: run down first",
@@ -59,7 +77,7 @@ async fn up(dir: &Path, scrape: &[SocketAddr]) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(dir);
     let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
-    let plane = ControlPlane::start_in(&dir.join("control-plane"), Lifetime::Detached)
+    let plane = ControlPlane::start_in(&dir.join("control-plane"), Lifetime::Detached, controllers)
         .await
         .map_err(|e| e.to_string())?;
     let prometheus = TestPrometheus::start_in(&dir.join("prometheus"), scrape, Lifetime::Detached)
@@ -72,9 +90,10 @@ async fn up(dir: &Path, scrape: &[SocketAddr]) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let env = format!(
-        "export KUBECONFIG={}\nexport PROMETHEUS_URL={}\n",
+        "export KUBECONFIG={}\nexport PROMETHEUS_URL={}\nexport LANEPOOL_POD_TARGETS={}\n",
         plane.kubeconfig().display(),
-        prometheus.url()
+        prometheus.url(),
+        prometheus.pod_targets().display()
     );
     std::fs::write(dir.join("env"), &env).map_err(|e| e.to_string())?;
     eprintln!(
