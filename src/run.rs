@@ -104,6 +104,13 @@ pub struct RunArgs {
     /// 0 shrinks at once.
     #[arg(long, env = "LANEPOOL_SURGE_TIMEOUT", default_value = "2m", value_parser = duration::flag)]
     pub surge_timeout: Duration,
+
+    /// Before a Deployment shrinks, annotate its Pods with
+    /// `controller.kubernetes.io/pod-deletion-cost` from the workers' `lanepool_worker_busy`
+    /// gauge, so the ReplicaSet controller removes idle workers before busy ones (pods `list`
+    /// and `patch`); false leaves the choice to the ReplicaSet controller alone.
+    #[arg(long, env = "LANEPOOL_IDLE_WORKERS_FIRST", default_value_t = true, action = clap::ArgAction::Set)]
+    pub idle_workers_first: bool,
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C.
@@ -164,6 +171,7 @@ async fn operate(args: RunArgs) -> ExitCode {
             job_time: args.job_time_window.clone(),
         },
         surge_timeout: args.surge_timeout,
+        idle_workers_first: args.idle_workers_first,
         write_timeout: args.write_timeout,
     };
     let ctx = Arc::new(Context::new(client, metrics.clone(), settings));

@@ -83,6 +83,30 @@ pub(super) fn surge_step(
     }
 }
 
+/// The Deployments that `replicas` shrinks, each with its Pods' label selector.
+pub(super) fn shrinking(
+    pool: &LanePool,
+    existing: &BTreeMap<String, Deployment>,
+    replicas: &Replicas,
+) -> Vec<(String, String)> {
+    worker_deployments(pool, replicas)
+        .iter()
+        .filter(|desired| {
+            let live = existing.get(&desired.name_any()).and_then(spec_replicas);
+            live.is_some_and(|live| spec_replicas(desired).unwrap_or(0) < live)
+        })
+        .map(|desired| {
+            let labels = desired
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.match_labels.clone())
+                .unwrap_or_default();
+            let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            (desired.name_any(), selector.join(","))
+        })
+        .collect()
+}
+
 pub(super) async fn apply_deployments(
     pool: &LanePool,
     ctx: &Context,

@@ -39,6 +39,8 @@ pub struct Settings {
     pub prometheus_concurrency: usize,
     /// Most pools reconciled at once.
     pub concurrent_reconciles: u16,
+    /// Before a Deployment shrinks, mark its busy Pods costlier to delete, so idle ones go first.
+    pub idle_workers_first: bool,
 }
 
 /// The operator's default limit on pools reconciled at once (`--concurrent-reconciles`).
@@ -162,7 +164,8 @@ impl Context {
     ) -> Vec<Deployment> {
         let caches = self.ready_caches().await;
         let stores = || caches.iter().map(|c| &c.deployments);
-        let labelled = |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
+        let labelled =
+            |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
         let found = if sweep {
             in_namespace(stores(), namespace, labelled)
         } else {

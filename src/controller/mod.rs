@@ -4,12 +4,14 @@
 //! Prometheus (only when due: Deployment events in between re-apply the last decision without
 //! querying); **decide** with the pure sizing decision; **apply** the Deployments by server-side
 //! apply as a surge (growing ones at once, shrinking ones once the others are ready), restoring
-//! replicas and templates anyone else changed; **report** status (only when it changed),
+//! replicas and templates anyone else changed, after ranking a shrinking Deployment's Pods so
+//! idle workers go first (`idle_first.rs`); **report** status (only when it changed),
 //! conditions and events. Errors the CRD cannot catch (a missing Secret, a URL not allowed, a
 //! name taken) set Ready=False and are retried with backoff, without touching other pools.
 
 mod apply;
 mod context;
+mod idle_first;
 mod measure;
 mod report;
 mod status;
@@ -34,6 +36,7 @@ use tracing::warn;
 
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
+pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, IDLE_COST};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
@@ -264,6 +267,18 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     );
     memory.surging(surge.waiting, now);
     ctx.keep(&key, &memory);
+    if ctx.settings.idle_workers_first {
+        for (deployment, selector) in apply::shrinking(pool, &existing, &surge.replicas) {
+            idle_first::rank_before_shrink(
+                pool,
+                ctx,
+                memory.connection.as_ref(),
+                &deployment,
+                &selector,
+            )
+            .await;
+        }
+    }
     apply::apply_deployments(
         pool,
         ctx,

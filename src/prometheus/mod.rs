@@ -192,6 +192,14 @@ impl Client {
             .map(|series| series.into_iter().map(|(_, value)| value).collect())
     }
 
+    /// Runs one instant query of the pool's own, keeping each series' labels.
+    pub async fn query_labelled(
+        &self,
+        promql: &str,
+    ) -> std::result::Result<Vec<query::Labelled>, String> {
+        self.run(promql, query::OWN_BOUNDS).await
+    }
+
     /// The answer to a shared query, indexed by namespace, pool and lane. A refresh in the
     /// background asks it once per `period` while pools want it, so a pool reads the latest
     /// answer at once: errors too, so a failing server is not asked by every pool. Only an

@@ -42,6 +42,7 @@ impl InProcessOperator {
             allowed_prometheus_urls: AllowedUrls::any(),
             prometheus_concurrency: lanepool::prometheus::DEFAULT_CONCURRENCY.into(),
             concurrent_reconciles: lanepool::controller::DEFAULT_CONCURRENT_RECONCILES,
+            idle_workers_first: true,
         }
     }
 

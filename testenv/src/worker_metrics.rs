@@ -40,10 +40,17 @@ impl SimulatedLane {
     }
 }
 
-type Lanes = Arc<Mutex<BTreeMap<SeriesKey, SimulatedLane>>>;
+/// Each lane's load, and each pod's `lanepool_worker_busy` by (namespace, pool, pod).
+#[derive(Default)]
+struct Served {
+    lanes: BTreeMap<SeriesKey, SimulatedLane>,
+    busy: BTreeMap<(String, String, String), bool>,
+}
+
+type Lanes = Arc<Mutex<Served>>;
 
 /// Serves `lanepool_jobs_submitted_total` and `lanepool_job_duration_seconds` for the lanes a
-/// test sets, on a port of 127.0.0.1.
+/// test sets, and `lanepool_worker_busy` for the pods it marks, on a port of 127.0.0.1.
 #[derive(Clone)]
 pub struct SimulatedWorkers {
     addr: SocketAddr,
@@ -98,8 +105,8 @@ impl SimulatedWorkers {
             pool: pool.into(),
             lane: lane.into(),
         };
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        let load = lanes.entry(key).or_insert(SimulatedLane {
+        let mut served = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let load = served.lanes.entry(key).or_insert(SimulatedLane {
             arrival_rate,
             job_seconds,
             submitted: 0.0,
@@ -111,14 +118,30 @@ impl SimulatedWorkers {
         load.arrival_rate = arrival_rate;
         load.job_seconds = job_seconds;
     }
+
+    /// From now on, the worker in `pod` of `pool` reports itself busy (running a job) or idle.
+    pub fn set_busy(&self, namespace: &str, pool: &str, pod: &str, busy: bool) {
+        let mut served = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        served
+            .busy
+            .insert((namespace.into(), pool.into(), pod.into()), busy);
+    }
 }
 
 fn exposition(lanes: &Lanes) -> String {
     let now = Instant::now();
-    let mut lanes = lanes.lock().unwrap_or_else(|p| p.into_inner());
+    let mut served = lanes.lock().unwrap_or_else(|p| p.into_inner());
+    let mut busy = String::from("# TYPE lanepool_worker_busy gauge\n");
+    for ((namespace, pool, pod), value) in &served.busy {
+        let _ = writeln!(
+            busy,
+            "lanepool_worker_busy{{namespace=\"{namespace}\",pool=\"{pool}\",pod=\"{pod}\"}} {}",
+            u8::from(*value)
+        );
+    }
     let mut submitted = String::from("# TYPE lanepool_jobs_submitted_total counter\n");
     let mut durations = String::from("# TYPE lanepool_job_duration_seconds histogram\n");
-    for (key, load) in lanes.iter_mut() {
+    for (key, load) in served.lanes.iter_mut() {
         load.advance(now);
         let labels = format!(
             "namespace=\"{}\",pool=\"{}\",lane=\"{}\"",
@@ -138,5 +161,5 @@ fn exposition(lanes: &Lanes) -> String {
             sum = load.duration_sum,
         );
     }
-    submitted + &durations
+    submitted + &durations + &busy
 }

@@ -1,0 +1,233 @@
+//! The operator against a control plane with kube-controller-manager: Deployments become
+//! ReplicaSets and Pods, the garbage collector removes what a deleted LanePool owned, and a
+//! shrinking Deployment loses its idle workers before its busy ones.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use lanepool::api::LanePool;
+use lanepool::controller::{BUSY_COST, DELETION_COST};
+use lanepool_testenv::{
+    self as testenv, Controllers, InProcessOperator, SimulatedWorkers, TestPrometheus,
+};
+use serde_json::json;
+
+/// One test's world: a namespace of the shared control plane (with its controller-manager),
+/// simulated workers, Prometheus and a running controller.
+struct World {
+    client: Client,
+    namespace: String,
+    workers: SimulatedWorkers,
+    _prometheus: TestPrometheus,
+    _operator: InProcessOperator,
+}
+
+impl World {
+    async fn start(prefix: &str, idle_workers_first: bool) -> Self {
+        let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
+        let client = plane.client().await.unwrap();
+        let namespace = plane.namespace(&client, prefix).await.unwrap();
+        let workers = SimulatedWorkers::start().unwrap();
+        let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
+        let mut settings = InProcessOperator::settings(prometheus.url());
+        settings.idle_workers_first = idle_workers_first;
+        // No kubelet runs here, so no Pod is ever ready: a shrink must not wait for readiness.
+        settings.surge_timeout = Duration::ZERO;
+        let operator =
+            InProcessOperator::start_with(client.clone(), vec![namespace.clone()], settings);
+        Self {
+            client,
+            namespace,
+            workers,
+            _prometheus: prometheus,
+            _operator: operator,
+        }
+    }
+
+    /// The example pool `jobs` with a reserve of 1–4 urgent workers and one fixed shared
+    /// worker, sized every 5 s, shrinking at once.
+    async fn apply_pool(&self) {
+        let yaml = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/lanepool.yaml"
+        ))
+        .unwrap();
+        let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        let spec = &mut manifest["spec"];
+        spec["interval"] = json!("5s");
+        spec["lanes"][0]["reserve"]["max"] = json!(4);
+        spec["shared"] = json!({"replicas": 1});
+        let spec = spec.as_object_mut().unwrap();
+        spec.remove("totalWorkers");
+        spec.remove("prometheus");
+        let pool: LanePool = serde_json::from_value(manifest).unwrap();
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    fn pools(&self) -> Api<LanePool> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn urgent(&self, rate: f64) {
+        self.workers
+            .set_lane(&self.namespace, "jobs", "urgent", rate, 0.020);
+    }
+
+    /// The live (not terminating) Pods labelled with `selector`.
+    async fn pods(&self, selector: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+
+    async fn count<K>(&self) -> usize
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        Api::<K>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels("lanepool.dev/pool=jobs"))
+            .await
+            .unwrap()
+            .items
+            .len()
+    }
+}
+
+async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    testenv::poll_until(Duration::from_secs(seconds), check)
+        .await
+        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
+}
+
+const RESERVED: &str = "lanepool.dev/pool=jobs,lanepool.dev/role=reserved";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_lanepool_deletes_its_deployments_replicasets_and_pods() {
+    let world = World::start("gc", true).await;
+    world.urgent(30.0);
+    world.apply_pool().await;
+    // 30/s × 20 ms × 1.5 = 0.9 → 1 reserved, plus 1 shared: two of each kind.
+    until(
+        60,
+        "two Deployments, two ReplicaSets and two Pods",
+        || async {
+            world.count::<Deployment>().await == 2
+                && world.count::<ReplicaSet>().await == 2
+                && world.count::<Pod>().await == 2
+        },
+    )
+    .await;
+
+    world
+        .pools()
+        .delete("jobs", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(60, "the garbage collector removes everything", || async {
+        world.count::<Deployment>().await == 0
+            && world.count::<ReplicaSet>().await == 0
+            && world.count::<Pod>().await == 0
+    })
+    .await;
+}
+
+/// Grows the reserve from 2 to 4 (the two newer Pods a second younger, so the ReplicaSet
+/// controller, left to itself, would remove them first), marks those two busy, and shrinks the
+/// reserve back to 2: which Pods are left.
+async fn shrink_with_the_newest_pods_busy(world: &World) -> (BTreeSet<String>, BTreeSet<String>) {
+    // 50/s × 20 ms × 1.5 = 1.5 → 2 reserved.
+    world.urgent(50.0);
+    world.apply_pool().await;
+    until(60, "two reserved Pods", || async {
+        world.pods(RESERVED).await.len() == 2
+    })
+    .await;
+    let older: BTreeSet<String> = world
+        .pods(RESERVED)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    // Creation times have whole seconds: the new Pods must be visibly younger.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // 120/s × 20 ms × 1.5 = 3.6 → 4 reserved.
+    world.urgent(120.0);
+    until(60, "four reserved Pods", || async {
+        world.pods(RESERVED).await.len() == 4
+    })
+    .await;
+    let busy: BTreeSet<String> = world
+        .pods(RESERVED)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .filter(|name| !older.contains(name))
+        .collect();
+    assert_eq!(busy.len(), 2);
+    for pod in &older {
+        world.workers.set_busy(&world.namespace, "jobs", pod, false);
+    }
+    for pod in &busy {
+        world.workers.set_busy(&world.namespace, "jobs", pod, true);
+    }
+    // Prometheus scrapes every second: let it see the gauges before the rate drops.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    world.urgent(50.0);
+    until(60, "the reserve shrinks back to two Pods", || async {
+        world.pods(RESERVED).await.len() == 2
+    })
+    .await;
+    let left = world
+        .pods(RESERVED)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    (busy, left)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shrinking_deployment_loses_its_idle_workers_and_keeps_the_busy_ones() {
+    let world = World::start("idle-first", true).await;
+    let (busy, left) = shrink_with_the_newest_pods_busy(&world).await;
+    assert_eq!(left, busy, "the busy workers stay, the idle ones go");
+    for pod in world.pods(RESERVED).await {
+        assert_eq!(
+            pod.annotations().get(DELETION_COST),
+            Some(&BUSY_COST.to_string()),
+            "{} was marked busy",
+            pod.name_any()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_idle_first_the_replicaset_removes_the_newest_workers_busy_or_not() {
+    // The premise of the test above: left to itself, the ReplicaSet controller takes the
+    // youngest Pods, here the busy ones, and nothing is annotated.
+    let world = World::start("newest-first", false).await;
+    let (busy, left) = shrink_with_the_newest_pods_busy(&world).await;
+    assert!(left.is_disjoint(&busy), "left {left:?}, busy {busy:?}");
+    for pod in world.pods(RESERVED).await {
+        assert_eq!(pod.annotations().get(DELETION_COST), None);
+    }
+}
