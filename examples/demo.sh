@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# The lanepool demo, end to end on this machine: a real kube-apiserver and Prometheus, the
-# operator, a lane queue whose producers send urgent jobs at 30/s → 150/s → 30/s and a batch
-# backlog, and real lane workers that a local stand-in for the kubelet starts and stops as the
-# operator resizes the Deployments. Watch the reserve follow the urgent arrival rate while urgent
-# waits stay near zero and batch jobs keep completing. About 3 minutes.
+# The lanepool demo, end to end on this machine: a real kube-apiserver, kube-controller-manager
+# and Prometheus, the operator, a lane queue whose producers send urgent jobs at 30/s → 150/s →
+# 30/s and a batch backlog, and real Pods: the controller-manager makes them from the operator's
+# Deployments and a local stand-in for the kubelet runs each as a lane worker process. Watch the
+# reserve follow the urgent arrival rate while urgent waits stay near zero and batch jobs keep
+# completing. About 3 minutes.
 #   ./examples/demo.sh            # the default profile
 #   URGENT_PROFILE=0s=30,30s=90,60s=150,100s=30 DURATION=150 ./examples/demo.sh
+# The long-batch run: batch jobs of 2-4 s, some shared workers idle, a grace period shorter than a
+# batch job; compare scale-downs with idle workers first off and on (the jobs cut short):
+#   BATCH_MS=2000..4000 BATCH_BACKLOG=0 BATCH_RATE=1.5 GRACE=1 IDLE_FIRST=false ./examples/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=${URGENT_PROFILE:-0s=30,40s=150,80s=30}
 duration=${DURATION:-140}
+batch_ms=${BATCH_MS:-100..300}
+batch_backlog=${BATCH_BACKLOG:-2000}
+batch_rate=${BATCH_RATE:-40}
+grace=${GRACE:-30}                 # the pod template's terminationGracePeriodSeconds
+idle_first=${IDLE_FIRST:-true}     # the operator's --idle-workers-first
 dir=target/demo
 port=${QUEUE_PORT:-9464}
 metrics_port=${OPERATOR_METRICS_PORT:-8089}
@@ -20,9 +29,13 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "setting up (the first run builds Kubernetes and Prometheus tools: several minutes)"
 ./tests/setup.sh
-cargo build -q --release -p lanepool -p lanepool-testenv --bins \
+# DEMO_PROFILE=debug skips the release build (the workers' timings barely change).
+profile_dir=${DEMO_PROFILE:-release}
+profile_flag=--release
+[ "$profile_dir" = release ] || profile_flag=""
+cargo build -q $profile_flag -p lanepool -p lanepool-testenv --bins \
   --example lane_queue --example lane_worker --example local_kubelet
-bin=target/release
+bin=${CARGO_TARGET_DIR:-target}/$profile_dir
 kubectl=target/tools/kubectl
 
 # Stopped in this order on exit, Ctrl-C included: the kubelet first (its workers finish their
@@ -39,19 +52,21 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "starting etcd, kube-apiserver (with the LanePool CRD) and Prometheus (scraping $queue_url)"
+say "starting etcd, kube-apiserver (with the LanePool CRD), kube-controller-manager and Prometheus (scraping $queue_url and the Pods)"
 "$bin/lanepool-testenv" down --dir "$dir" >/dev/null 2>&1 || true
 eval "$("$bin/lanepool-testenv" up --dir "$dir" --scrape "127.0.0.1:$port")"
 echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL"
 
 say "starting the operator (logs: $dir/operator.log)"
 "$bin/lanepool" run --prometheus-url "$PROMETHEUS_URL" --metrics-addr "127.0.0.1:$metrics_port" \
-  --rate-window 10s --job-time-window 10s >"$dir/operator.log" 2>&1 &
+  --rate-window 10s --job-time-window 10s --scrape-interval 1s \
+  --idle-workers-first "$idle_first" >"$dir/operator.log" 2>&1 &
 operator_pid=$!
 
-say "kubectl apply -f examples/demo/lanepool.yaml"
+say "kubectl apply -f examples/demo/lanepool.yaml (terminationGracePeriodSeconds: $grace)"
 "$kubectl" create namespace demo >/dev/null
-"$kubectl" apply -f examples/demo/lanepool.yaml
+sed "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: $grace/" \
+  examples/demo/lanepool.yaml | "$kubectl" apply -f -
 for _ in $(seq 120); do
   "$kubectl" -n demo get deployment jobs-shared >/dev/null 2>&1 && break
   sleep 0.5
@@ -59,16 +74,18 @@ done
 "$kubectl" -n demo get deployments
 
 # The queue starts after the Deployments exist, so its profile's clock and the timeline's agree.
-say "starting the lane queue on $queue_url: urgent $profile at 20 ms; batch 2000 queued + 40/s at 100-300 ms"
+say "starting the lane queue on $queue_url: urgent $profile at 20 ms; batch $batch_backlog queued + $batch_rate/s at $batch_ms ms"
 "$bin/examples/lane_queue" --listen "127.0.0.1:$port" --namespace demo --pool jobs \
-  --urgent-profile "$profile" >"$dir/queue.log" 2>&1 &
+  --urgent-profile "$profile" --batch-backlog "$batch_backlog" --batch-rate "$batch_rate" \
+  --batch-ms "$batch_ms" >"$dir/queue.log" 2>&1 &
 queue_pid=$!
 start=$SECONDS
 start_epoch=$(date +%s)
 
-say "starting the local kubelet: one lane_worker process per replica (logs: $dir/workers/)"
+say "starting the local kubelet: one lane_worker process per Pod (logs: $dir/workers/)"
 "$bin/examples/local_kubelet" --namespace demo --queue-url "$queue_url" \
-  --worker "$bin/examples/lane_worker" --log-dir "$dir/workers" >"$dir/kubelet.log" 2>&1 &
+  --worker "$bin/examples/lane_worker" --log-dir "$dir/workers" \
+  --pod-targets "$LANEPOOL_POD_TARGETS" >"$dir/kubelet.log" 2>&1 &
 kubelet_pid=$!
 
 # One number from Prometheus: the first sample of an instant query, "-" when there is none.
@@ -78,7 +95,7 @@ promql() {
     "$PROMETHEUS_URL/api/v1/query" | sed -n 's/.*"value":\[[^,]*,"\([^"]*\)"\].*/\1/p')
   case "$value" in "" | NaN | +Inf | -Inf) echo "-" ;; *) printf '%.1f' "$value" ;; esac
 }
-# Workers running per role, from the Deployments' status (the local kubelet writes it).
+# Workers ready per role, from the Deployments' status (the deployment controller writes it).
 running() {
   "$kubectl" -n demo get deployments -l lanepool.dev/pool=jobs \
     -o jsonpath='{range .items[*]}{.metadata.labels.lanepool\.dev/role} {.status.readyReplicas}{"\n"}{end}' 2>/dev/null |
@@ -124,8 +141,18 @@ for log in "$dir"/workers/*.log; do
     "$(grep -c ': urgent job ' "$log" || true)" "$(grep -c ': batch job ' "$log" || true)"
 done
 
-say "kubectl get lanepools,deployments -n demo"
-"$kubectl" -n demo get lanepools,deployments
+say "scale-downs: the Pods stopped, how long each took to free its worker, the jobs cut short"
+awk '/ after SIGTERM/ {
+       n++; s = ($0 ~ /SIGKILL/) ? $(NF-4) : $(NF-3); t += s; if (s > max) max = s
+       if ($0 ~ /SIGKILL/) killed++
+     }
+     END { printf "%d Pods stopped (idle workers first: %s), %d killed at the end of their %s s grace period; seconds from SIGTERM to gone: mean %.2f, max %.2f\n",
+           n, idle, killed, grace, n ? t / n : 0, max }' idle="$idle_first" grace="$grace" "$dir/kubelet.log"
+echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
+grep -h 'ranked' "$dir/operator.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -n 5 || true
+
+say "kubectl get lanepools,deployments,pods -n demo"
+"$kubectl" -n demo get lanepools,deployments,pods
 say "events"
 "$kubectl" -n demo get events --sort-by=.metadata.creationTimestamp \
   -o custom-columns=REASON:.reason,MESSAGE:.message | grep -E 'Scaled|Restored|Metrics' || true

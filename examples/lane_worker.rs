@@ -21,15 +21,20 @@
 //! reports it, and exits 0. That is what makes a resize safe: the operator can move workers
 //! between reserved and shared at any time without losing or repeating a job.
 //!
-//! The worker exports no metrics itself: the queue it talks to counts submissions, waits and job
-//! times per lane (the README's metric convention). A worker that runs against a queue that
-//! cannot (SQS, Redis lists…) would export `lanepool_job_duration_seconds` itself and leave the
-//! submission count and queue depth to the producer and the queue.
+//! The queue it talks to counts submissions, waits and job times per lane (the README's metric
+//! convention). The worker itself exports one gauge, when `LANEPOOL_METRICS_ADDR` (such as
+//! `$(POD_IP):9100`) is set: `lanepool_worker_busy`, 1 while it runs a job and 0 while it waits,
+//! on `/metrics`. The operator reads it by `pod` before shrinking a Deployment, so the
+//! ReplicaSet controller removes idle workers first. A worker that runs against a queue that
+//! cannot count (SQS, Redis lists…) would export `lanepool_job_duration_seconds` itself too and
+//! leave the submission count and queue depth to the producer and the queue.
 //!
 //!     LANEPOOL_LANES=urgent,batch LANEPOOL_ROLE=shared LANEPOOL_POOL=jobs \
 //!     LANEPOOL_QUEUE_URL=http://127.0.0.1:9464 cargo run --example lane_worker
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -40,6 +45,7 @@ const LANES_ENV: &str = "LANEPOOL_LANES";
 const ROLE_ENV: &str = "LANEPOOL_ROLE";
 const POOL_ENV: &str = "LANEPOOL_POOL";
 const QUEUE_URL_ENV: &str = "LANEPOOL_QUEUE_URL";
+const METRICS_ADDR_ENV: &str = "LANEPOOL_METRICS_ADDR";
 
 /// Longest the worker waits for any answer; the queue's long poll is about 1 s.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -161,6 +167,20 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let busy = Arc::new(AtomicBool::new(false));
+    if let Ok(addr) = std::env::var(METRICS_ADDR_ENV)
+        && !addr.is_empty()
+    {
+        match tokio::net::TcpListener::bind(&addr).await {
+            Ok(listener) => {
+                tokio::spawn(serve_metrics(listener, busy.clone()));
+            }
+            Err(e) => {
+                eprintln!("lane_worker: error: {METRICS_ADDR_ENV}={addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     println!(
         "{}: {} worker of pool {}, lanes {} (in this order), queue http://{}",
         config.name,
@@ -217,6 +237,7 @@ async fn main() -> ExitCode {
 
         // Run the job to its end, even if SIGTERM arrives meanwhile: no preemption. A real
         // worker does its work here; the demo's jobs only take time.
+        busy.store(true, Ordering::Relaxed);
         let started = Instant::now();
         tokio::time::sleep(Duration::from_millis(job.job_ms)).await;
         let seconds = started.elapsed().as_secs_f64();
@@ -241,9 +262,36 @@ async fn main() -> ExitCode {
             ),
             Err(e) => eprintln!("{}: reporting job {} done: {e}", config.name, job.id),
         }
+        busy.store(false, Ordering::Relaxed);
     }
     println!("{}: SIGTERM: no job in hand, exiting", config.name);
     ExitCode::SUCCESS
+}
+
+/// Serves `lanepool_worker_busy` on every request: the pod's namespace, pool and name come from
+/// Prometheus's target labels, not from the worker.
+async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<AtomicBool>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let busy = busy.clone();
+        tokio::spawn(async move {
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).await;
+            let body = format!(
+                "# HELP lanepool_worker_busy 1 while the worker runs a job, 0 while it waits for one\n\
+                 # TYPE lanepool_worker_busy gauge\nlanepool_worker_busy {}\n",
+                u8::from(busy.load(Ordering::Relaxed))
+            );
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
 }
 
 /// A channel that turns true on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).

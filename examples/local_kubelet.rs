@@ -1,36 +1,47 @@
-//! Stands in for the kubelet in the demo, whose control plane has none: every 500 ms it lists the
-//! Deployments labelled `lanepool.dev/pool` in a namespace and keeps exactly `spec.replicas` local
-//! processes of the lane worker running for each, with the env of the first container
-//! (`LANEPOOL_LANES`, `LANEPOOL_ROLE`, `LANEPOOL_POOL`, `LANEPOOL_QUEUE_URL`…). Scaling down
-//! sends SIGTERM, so a worker finishes its job first. Its workers never outlive it: stopped on
-//! SIGTERM/Ctrl-C, killed by the kernel if it dies.
+//! Stands in for a kubelet (and the scheduler) on this machine, for the demo: it registers the
+//! Node `local`, binds the pending Pods labelled `lanepool.dev/pool` in a namespace to it, runs
+//! each Pod's first container as a local process of the lane worker with the Pod's env (values,
+//! `$(VAR)` references and downward-API `fieldRef`s such as `metadata.name` and `status.podIP`;
+//! `HOSTNAME` is the Pod's name), gives each Pod an address of its own on the loopback
+//! (127.1.x.y), and reports it Running and Ready. A Pod being deleted is stopped the kubelet's
+//! way: SIGTERM, up to its grace period, SIGKILL, then the Pod is removed (delete with grace 0).
+//! Prometheus finds the workers through a file_sd file this writes (`--pod-targets`): each Pod's
+//! address at its container port named `metrics`, labelled `namespace`, `pool` and `pod`. Its
+//! workers never outlive it: stopped on SIGTERM/Ctrl-C, killed by the kernel if it dies.
 //!
 //!     cargo run --example local_kubelet -- --namespace demo \
-//!         --queue-url http://127.0.0.1:9464 --log-dir target/demo/workers
+//!         --queue-url http://127.0.0.1:9464 --log-dir target/demo/workers \
+//!         --pod-targets "$LANEPOOL_POD_TARGETS"
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
+use serde_json::json;
 
 const POOL_LABEL: &str = "lanepool.dev/pool";
-/// How long a stopping worker may take before SIGKILL: its job plus the report, with room.
-const STOP_GRACE: Duration = Duration::from_secs(10);
+/// The grace period of a Pod that names none, as the API server defaults it.
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// How long the workers get when this kubelet itself is stopped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Runs the lane workers of lanepool's Deployments as local processes.
+/// Runs the Pods of lanepool's Deployments as local processes.
 #[derive(Parser)]
 struct Args {
-    /// Namespace of the Deployments.
+    /// Namespace of the Pods.
     #[arg(long, default_value = "demo")]
     namespace: String,
-    /// LANEPOOL_QUEUE_URL for workers whose pod template does not set it.
+    /// The Node to register and bind Pods to.
+    #[arg(long, default_value = "local")]
+    node: String,
+    /// LANEPOOL_QUEUE_URL for workers whose Pod does not set it.
     #[arg(long, default_value = "http://127.0.0.1:9464")]
     queue_url: String,
     /// The worker program; by default `lane_worker` beside this program.
@@ -39,8 +50,11 @@ struct Args {
     /// Where each Deployment's workers append their output, one file per Deployment.
     #[arg(long, default_value = "target/demo/workers")]
     log_dir: PathBuf,
-    /// How often to list the Deployments.
-    #[arg(long, default_value = "500ms", value_parser = interval)]
+    /// The Prometheus file_sd file to keep the running Pods in (none: not written).
+    #[arg(long, env = "LANEPOOL_POD_TARGETS")]
+    pod_targets: Option<PathBuf>,
+    /// How often to list the Pods.
+    #[arg(long, default_value = "250ms", value_parser = interval)]
     interval: Duration,
 }
 
@@ -48,24 +62,26 @@ fn interval(value: &str) -> Result<Duration, String> {
     lanepool::duration::parse(value).map_err(|e| e.to_string())
 }
 
-/// The local "pods" of one Deployment.
-#[derive(Default)]
-struct Workers {
-    /// The env they were started with; a different one replaces them all (a rollout).
-    env: Vec<(String, String)>,
-    running: Vec<(String, Child)>,
-    /// Sent SIGTERM, finishing their job: (name, process, SIGKILL deadline).
-    stopping: Vec<(String, Child, Instant)>,
-    started: u64,
-    /// replicas last written to the Deployment's status.
-    reported: Option<i32>,
+/// A Pod this kubelet runs.
+struct Running {
+    name: String,
+    child: Child,
+    ip: String,
+    /// The file_sd entry: `ip:port` and the labels; none without a port named `metrics`.
+    target: Option<(String, BTreeMap<String, String>)>,
+    /// When SIGTERM was sent, and the SIGKILL deadline.
+    stopping: Option<(Instant, Instant)>,
+    restarts: i32,
 }
 
 struct Kubelet {
     args: Args,
     worker: PathBuf,
-    api: Api<Deployment>,
-    deployments: BTreeMap<String, Workers>,
+    pods: Api<Pod>,
+    /// By Pod uid.
+    running: HashMap<String, Running>,
+    next_ip: u32,
+    written_targets: String,
 }
 
 // One thread (current_thread) forks every worker: PR_SET_PDEATHSIG fires when the forking
@@ -102,17 +118,25 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = register_node(&client, &args.node).await {
+        eprintln!("local_kubelet: error: registering Node {}: {e}", args.node);
+        return ExitCode::FAILURE;
+    }
     let mut kubelet = Kubelet {
-        api: Api::namespaced(client, &args.namespace),
+        pods: Api::namespaced(client, &args.namespace),
         worker,
         args,
-        deployments: BTreeMap::new(),
+        running: HashMap::new(),
+        next_ip: 0,
+        written_targets: String::new(),
     };
     eprintln!(
-        "local_kubelet: running {} for the Deployments labelled {POOL_LABEL} in {}",
+        "local_kubelet: Node {}: running {} for the Pods labelled {POOL_LABEL} in {}",
+        kubelet.args.node,
         kubelet.worker.display(),
         kubelet.args.namespace
     );
+    kubelet.write_targets();
 
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut interrupt)) = (
@@ -140,167 +164,370 @@ fn beside_this_program() -> std::io::Result<PathBuf> {
     Ok(me.with_file_name("lane_worker"))
 }
 
+/// Creates the Node (if it is not there) and reports it Ready.
+async fn register_node(client: &Client, name: &str) -> kube::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if nodes.get_opt(name).await?.is_none() {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("a Node literal");
+        nodes.create(&PostParams::default(), &node).await?;
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "local_kubelet runs Pods as processes",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+    }});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
 impl Kubelet {
-    /// One pass: match the processes to the Deployments as they are now.
+    /// One pass: bind, start, stop and remove, as the Pods are now.
     async fn sync(&mut self) {
         let listed = match self
-            .api
+            .pods
             .list(&ListParams::default().labels(POOL_LABEL))
             .await
         {
             Ok(list) => list.items,
             Err(e) => {
                 // Keep the workers as they are: an unreachable API server is no reason to stop.
-                eprintln!("local_kubelet: listing Deployments: {e}");
+                eprintln!("local_kubelet: listing Pods: {e}");
                 return;
             }
         };
         let mut seen = Vec::new();
-        for deployment in &listed {
-            let name = deployment.name_any();
-            let replicas = deployment
-                .spec
-                .as_ref()
-                .and_then(|s| s.replicas)
-                .unwrap_or(1)
-                .max(0) as usize;
-            let env = first_container_env(deployment);
-            self.reconcile(&name, replicas, env);
-            let generation = deployment.metadata.generation;
-            self.report(&name, generation).await;
-            seen.push(name);
+        for pod in &listed {
+            let uid = pod.uid().unwrap_or_default();
+            seen.push(uid.clone());
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            if pod.metadata.deletion_timestamp.is_some() {
+                self.terminate(pod, &uid).await;
+            } else if node.is_none() {
+                self.bind(pod).await;
+            } else if node.as_deref() == Some(self.args.node.as_str()) {
+                self.keep_running(pod, &uid).await;
+            }
         }
+        // Pods removed behind our back (force-deleted): their processes go at once.
         let gone: Vec<String> = self
-            .deployments
+            .running
             .keys()
-            .filter(|name| !seen.contains(name))
+            .filter(|uid| !seen.contains(uid))
             .cloned()
             .collect();
-        for name in gone {
-            self.reconcile(&name, 0, Vec::new());
-            if self.deployments[&name].stopping.is_empty() {
-                self.deployments.remove(&name);
+        for uid in gone {
+            if let Some(mut running) = self.running.remove(&uid) {
+                eprintln!("local_kubelet: {}: Pod gone, killing it", running.name);
+                let _ = running.child.kill();
+                let _ = running.child.wait();
             }
         }
+        self.write_targets();
     }
 
-    fn reconcile(&mut self, name: &str, replicas: usize, env: Vec<(String, String)>) {
-        let workers = self.deployments.entry(name.to_string()).or_default();
-        reap(workers, name);
-        if workers.env != env && !workers.running.is_empty() {
-            eprintln!("local_kubelet: {name}: the pod template changed, replacing its workers");
-            let all = workers.running.len();
-            stop_newest(workers, all);
-        }
-        workers.env = env;
-        let before = workers.running.len();
-        if before > replicas {
-            stop_newest(workers, before - replicas);
-        }
-        while workers.running.len() < replicas {
-            workers.started += 1;
-            let pod = format!("{name}-{}", workers.started);
-            match start_worker(&self.worker, &pod, &workers.env, &self.args) {
-                Ok(child) => workers.running.push((pod, child)),
-                Err(e) => {
-                    eprintln!("local_kubelet: {name}: starting a worker: {e}");
-                    break;
-                }
-            }
-        }
-        if workers.running.len() != before {
-            eprintln!(
-                "local_kubelet: {name}: {before} → {} workers ({} stopping)",
-                workers.running.len(),
-                workers.stopping.len()
-            );
-        }
-    }
-
-    /// Writes the running count into the Deployment's status, as a kubelet and the Deployment
-    /// controller would, so `kubectl get deployments` shows the workers that really run.
-    async fn report(&mut self, name: &str, generation: Option<i64>) {
-        let Some(workers) = self.deployments.get_mut(name) else {
-            return;
-        };
-        let running = i32::try_from(workers.running.len()).unwrap_or(i32::MAX);
-        if workers.reported == Some(running) {
-            return;
-        }
-        let status = serde_json::json!({"status": {
-            "observedGeneration": generation,
-            "replicas": running,
-            "updatedReplicas": running,
-            "readyReplicas": running,
-            "availableReplicas": running,
-        }});
-        match self
-            .api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+    /// Binds a pending Pod to this Node: the scheduler's job, with one Node to choose from.
+    async fn bind(&self, pod: &Pod) {
+        let name = pod.name_any();
+        let binding = json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.args.node},
+        });
+        if let Err(e) = self
+            .pods
+            .create_subresource::<_, serde_json::Value>(
+                "binding",
+                &name,
+                &PostParams::default(),
+                &binding,
+            )
             .await
         {
-            Ok(_) => workers.reported = Some(running),
-            Err(e) => eprintln!("local_kubelet: {name}: writing status: {e}"),
+            eprintln!("local_kubelet: {name}: binding: {e}");
         }
     }
 
-    /// SIGTERM to every worker, then SIGKILL to any still there after the grace period.
-    fn stop_everything(&mut self) {
-        let total: usize = self.deployments.values().map(|w| w.running.len()).sum();
-        eprintln!("local_kubelet: stopping {total} workers");
-        for workers in self.deployments.values_mut() {
-            let all = workers.running.len();
-            stop_newest(workers, all);
-        }
-        let deadline = Instant::now() + STOP_GRACE;
-        while Instant::now() < deadline {
-            for (name, workers) in &mut self.deployments {
-                reap(workers, name);
+    /// Starts the Pod's worker if it is not running (or exited: `restartPolicy: Always`) and
+    /// reports it Running and Ready.
+    async fn keep_running(&mut self, pod: &Pod, uid: &str) {
+        let name = pod.name_any();
+        if let Some(running) = self.running.get_mut(uid) {
+            match running.child.try_wait() {
+                Ok(None) => return,
+                Ok(Some(status)) => {
+                    eprintln!("local_kubelet: {name}: worker exited ({status}); restarting it");
+                    running.restarts += 1;
+                }
+                Err(_) => return,
             }
-            if self.deployments.values().all(|w| w.stopping.is_empty()) {
+        }
+        let restarts = self.running.remove(uid).map_or(0, |r| r.restarts);
+        let ip = self.running_ip(uid);
+        let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
+            return;
+        };
+        let env = pod_env(pod, container, &ip, &self.args.node);
+        let child = match start_worker(&self.worker, &name, &env, &self.args) {
+            Ok(child) => child,
+            Err(e) => {
+                eprintln!("local_kubelet: {name}: starting its worker: {e}");
+                return;
+            }
+        };
+        let target = metrics_port(container).map(|port| {
+            let labels = BTreeMap::from([
+                ("namespace".to_string(), self.args.namespace.clone()),
+                (
+                    "pool".to_string(),
+                    pod.labels().get(POOL_LABEL).cloned().unwrap_or_default(),
+                ),
+                ("pod".to_string(), name.clone()),
+            ]);
+            (format!("{ip}:{port}"), labels)
+        });
+        eprintln!("local_kubelet: {name}: started at {ip}");
+        self.running.insert(
+            uid.to_string(),
+            Running {
+                name: name.clone(),
+                child,
+                ip: ip.clone(),
+                target,
+                stopping: None,
+                restarts,
+            },
+        );
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let container_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .map_or_else(String::new, |c| c.name.clone());
+        let condition =
+            |type_: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now});
+        let status = json!({"status": {
+            "phase": "Running",
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "startTime": now,
+            "conditions": [condition("PodScheduled"), condition("Initialized"),
+                           condition("ContainersReady"), condition("Ready")],
+            "containerStatuses": [{
+                "name": container_name, "image": container.image.clone().unwrap_or_default(),
+                "imageID": "", "ready": true, "started": true, "restartCount": restarts,
+                "state": {"running": {"startedAt": now}},
+            }],
+        }});
+        if let Err(e) = self
+            .pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+        {
+            eprintln!("local_kubelet: {name}: writing status: {e}");
+        }
+    }
+
+    /// The address a Pod keeps while it runs (and across restarts of its worker).
+    fn running_ip(&mut self, uid: &str) -> String {
+        if let Some(running) = self.running.get(uid) {
+            return running.ip.clone();
+        }
+        self.next_ip += 1;
+        let n = self.next_ip;
+        format!("127.1.{}.{}", (n / 250) % 250, n % 250 + 1)
+    }
+
+    /// A Pod being deleted: SIGTERM once, SIGKILL after its grace period, and the Pod removed
+    /// once its worker is gone.
+    async fn terminate(&mut self, pod: &Pod, uid: &str) {
+        let name = pod.name_any();
+        if let Some(running) = self.running.get_mut(uid) {
+            let now = Instant::now();
+            let (since, deadline) = *running.stopping.get_or_insert_with(|| {
+                // SAFETY: kill(2) on a child we started and have not reaped.
+                unsafe { libc::kill(running.child.id() as i32, libc::SIGTERM) };
+                (now, now + grace(pod))
+            });
+            if matches!(running.child.try_wait(), Ok(None)) {
+                if now < deadline {
+                    return;
+                }
+                eprintln!(
+                    "local_kubelet: {name}: still running {:.1} s after SIGTERM: SIGKILL",
+                    since.elapsed().as_secs_f64()
+                );
+                let _ = running.child.kill();
+                let _ = running.child.wait();
+            } else {
+                eprintln!(
+                    "local_kubelet: {name}: exited {:.1} s after SIGTERM",
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            self.running.remove(uid);
+        }
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        if let Err(e) = self.pods.delete(&name, &params).await
+            && !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+        {
+            eprintln!("local_kubelet: {name}: removing the Pod: {e}");
+        }
+    }
+
+    /// Rewrites the file_sd file when the running Pods changed: one target per Pod with a
+    /// `metrics` port, terminating ones included (they still work and report).
+    fn write_targets(&mut self) {
+        let Some(path) = self.args.pod_targets.clone() else {
+            return;
+        };
+        let mut targets: Vec<_> = self
+            .running
+            .values()
+            .filter_map(|r| r.target.clone())
+            .map(|(target, labels)| json!({"targets": [target], "labels": labels}))
+            .collect();
+        targets.sort_by_key(|t| t["targets"][0].as_str().unwrap_or_default().to_string());
+        let text = serde_json::Value::Array(targets).to_string();
+        if text == self.written_targets {
+            return;
+        }
+        // Written aside and renamed, so Prometheus never reads half a file.
+        let aside = path.with_extension("json.tmp");
+        match std::fs::write(&aside, &text).and_then(|()| std::fs::rename(&aside, &path)) {
+            Ok(()) => self.written_targets = text,
+            Err(e) => eprintln!("local_kubelet: writing {}: {e}", path.display()),
+        }
+    }
+
+    /// SIGTERM to every worker, then SIGKILL to any still there after the grace period. The
+    /// Pods stay: the demo's control plane goes down next.
+    fn stop_everything(&mut self) {
+        eprintln!("local_kubelet: stopping {} workers", self.running.len());
+        for running in self.running.values() {
+            // SAFETY: kill(2) on a child we started and have not reaped.
+            unsafe { libc::kill(running.child.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while Instant::now() < deadline {
+            self.running
+                .retain(|_, r| matches!(r.child.try_wait(), Ok(None)));
+            if self.running.is_empty() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        for workers in self.deployments.values_mut() {
-            for (_, child, _) in &mut workers.stopping {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        for running in self.running.values_mut() {
+            let _ = running.child.kill();
+            let _ = running.child.wait();
         }
     }
 }
 
-/// The first container's plain env values (valueFrom has no meaning without a cluster).
-fn first_container_env(deployment: &Deployment) -> Vec<(String, String)> {
-    deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.containers.first())
-        .and_then(|c| c.env.as_ref())
-        .map(|env| {
-            env.iter()
-                .filter_map(|var| var.value.clone().map(|value| (var.name.clone(), value)))
-                .collect()
-        })
-        .unwrap_or_default()
+/// The Pod's grace period: what the deletion set, else its spec, else 30 s.
+fn grace(pod: &Pod) -> Duration {
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref()?.termination_grace_period_seconds)
+        .map_or(DEFAULT_GRACE, |s| Duration::from_secs(s.max(0) as u64))
+}
+
+/// The container port named `metrics`.
+fn metrics_port(container: &Container) -> Option<i32> {
+    container
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .map(|p| p.container_port)
+}
+
+/// The container's env as the kubelet builds it: in order, `$(VAR)` expanded from the vars
+/// before it, `fieldRef`s from the Pod; `HOSTNAME` is the Pod's name.
+fn pod_env(pod: &Pod, container: &Container, ip: &str, node: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![("HOSTNAME".into(), pod.name_any())];
+    for var in container.env.iter().flatten() {
+        let value = if let Some(value) = &var.value {
+            expand(value, &env)
+        } else if let Some(field) = var.value_from.as_ref().and_then(|f| f.field_ref.as_ref()) {
+            match field.field_path.as_str() {
+                "metadata.name" => pod.name_any(),
+                "metadata.namespace" => pod.namespace().unwrap_or_default(),
+                "metadata.uid" => pod.uid().unwrap_or_default(),
+                "status.podIP" => ip.to_string(),
+                "status.hostIP" => "127.0.0.1".to_string(),
+                "spec.nodeName" => node.to_string(),
+                other => {
+                    eprintln!(
+                        "local_kubelet: {}: fieldRef {other} is not supported",
+                        pod.name_any()
+                    );
+                    continue;
+                }
+            }
+        } else {
+            continue;
+        };
+        env.retain(|(name, _)| *name != var.name);
+        env.push((var.name.clone(), value));
+    }
+    env
+}
+
+/// `$(NAME)` replaced by NAME's value when it is defined; left as it is otherwise, as the
+/// kubelet does.
+fn expand(value: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("$(") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        match after.find(')') {
+            Some(end) => {
+                let name = &after[..end];
+                match env.iter().rev().find(|(n, _)| n == name) {
+                    Some((_, v)) => out.push_str(v),
+                    None => out.push_str(&rest[start..start + 3 + end]),
+                }
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push_str(&rest[start..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn start_worker(
-    program: &std::path::Path,
+    program: &Path,
     pod: &str,
     env: &[(String, String)],
     args: &Args,
 ) -> std::io::Result<Child> {
-    let deployment = pod.rsplit_once('-').map_or(pod, |(d, _)| d);
+    // <deployment>-<replicaset hash>-<suffix>: one log file per Deployment.
+    let deployment = pod.rsplitn(3, '-').nth(2).unwrap_or(pod);
     let log = log_file(&args.log_dir.join(format!("{deployment}.log")))?;
     let mut command = Command::new(program);
     command
         .env_clear()
         .env("LANEPOOL_QUEUE_URL", &args.queue_url)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("HOSTNAME", pod)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -319,44 +546,20 @@ fn start_worker(
     command.spawn()
 }
 
-fn log_file(path: &std::path::Path) -> std::io::Result<File> {
+fn log_file(path: &Path) -> std::io::Result<File> {
     // Append: each worker writes whole lines, so the Deployment's workers share one file.
     OpenOptions::new().create(true).append(true).open(path)
 }
 
-/// SIGTERM to the `count` most recently started workers; they finish their job and exit.
-fn stop_newest(workers: &mut Workers, count: usize) {
-    let deadline = Instant::now() + STOP_GRACE;
-    for _ in 0..count {
-        let Some((name, child)) = workers.running.pop() else {
-            return;
-        };
-        // SAFETY: kill(2) on a child we started and have not reaped, so the pid is still ours.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        workers.stopping.push((name, child, deadline));
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::expand;
 
-/// Forgets workers that exited; kills stopping ones past their deadline. A running worker that
-/// exited on its own is replaced at the next pass, as a pod with `restartPolicy: Always`.
-fn reap(workers: &mut Workers, deployment: &str) {
-    workers
-        .running
-        .retain_mut(|(name, child)| match child.try_wait() {
-            Ok(None) => true,
-            Ok(Some(status)) => {
-                eprintln!(
-                    "local_kubelet: {deployment}: worker {name} exited ({status}); restarting it"
-                );
-                false
-            }
-            Err(_) => false,
-        });
-    let now = Instant::now();
-    workers.stopping.retain_mut(|(_, child, deadline)| {
-        if now > *deadline {
-            let _ = child.kill();
-        }
-        matches!(child.try_wait(), Ok(None))
-    });
+    #[test]
+    fn references_to_earlier_vars_are_expanded_and_unknown_ones_kept() {
+        let env = [("POD_IP".to_string(), "127.1.0.2".to_string())];
+        assert_eq!(expand("$(POD_IP):9100", &env), "127.1.0.2:9100");
+        assert_eq!(expand("$(NOPE):1", &env), "$(NOPE):1");
+        assert_eq!(expand("plain", &env), "plain");
+    }
 }

@@ -31,6 +31,9 @@ struct Queued {
     submitted: Instant,
 }
 
+/// How long a worker must have held a job for its return to count as a job cut short.
+const CUT_SHORT_AFTER: Duration = Duration::from_millis(50);
+
 struct Taken {
     lane: String,
     queued: Queued,
@@ -196,6 +199,11 @@ impl Lanes {
         queue.push_front(taken.queued);
         let depth = queue.len();
         self.metrics.depth(&taken.lane, depth);
+        // A job handed out just as its worker stopped waiting comes back at once; one held
+        // longer was running when its worker died (killed at the end of its grace period).
+        if taken.started.elapsed() >= CUT_SHORT_AFTER {
+            self.metrics.cut_short(&taken.lane);
+        }
         drop(state);
         self.submitted.notify_waiters();
     }
@@ -245,6 +253,7 @@ struct LaneMetrics {
     wait: Family<Labels, Histogram, Buckets>,
     duration: Family<Labels, Histogram, Buckets>,
     depth: Family<Labels, Gauge>,
+    cut_short: Family<Labels, Counter>,
 }
 
 impl LaneMetrics {
@@ -255,6 +264,12 @@ impl LaneMetrics {
         let wait = Family::new_with_constructor(Buckets(WAIT_BUCKETS));
         let duration = Family::new_with_constructor(Buckets(DURATION_BUCKETS));
         let depth = Family::<Labels, Gauge>::default();
+        let cut_short = Family::<Labels, Counter>::default();
+        registry.register(
+            "lanepool_jobs_cut_short",
+            "Jobs put back because their worker went away while running them",
+            cut_short.clone(),
+        );
         registry.register(
             "lanepool_jobs_submitted",
             "Jobs submitted to the lane",
@@ -289,6 +304,7 @@ impl LaneMetrics {
             wait,
             duration,
             depth,
+            cut_short,
         }
     }
 
@@ -305,6 +321,7 @@ impl LaneMetrics {
         let labels = self.labels(lane);
         let _ = self.submitted.get_or_create(&labels);
         let _ = self.completed.get_or_create(&labels);
+        let _ = self.cut_short.get_or_create(&labels);
         let _ = self.wait.get_or_create(&labels);
         let _ = self.duration.get_or_create(&labels);
         self.depth.get_or_create(&labels).set(0);
@@ -326,6 +343,10 @@ impl LaneMetrics {
         let labels = self.labels(lane);
         self.duration.get_or_create(&labels).observe(seconds);
         self.completed.get_or_create(&labels).inc();
+    }
+
+    fn cut_short(&self, lane: &str) {
+        self.cut_short.get_or_create(&self.labels(lane)).inc();
     }
 
     fn depth(&self, lane: &str, depth: usize) {

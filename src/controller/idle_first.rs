@@ -10,7 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::context::Context;
 use crate::api::LanePool;
@@ -76,6 +76,7 @@ pub(super) async fn rank_before_shrink(
     deployment: &str,
     selector: &str,
 ) {
+    let started = std::time::Instant::now();
     let namespace = pool.namespace().unwrap_or_default();
     let Some(connection) = connection else {
         debug!(deployment, "no Prometheus connection yet: Pods not ranked");
@@ -120,7 +121,12 @@ pub(super) async fn rank_before_shrink(
             return;
         }
     };
-    let changes = cost_changes(&live, &busy_pods(&answer));
+    let busy = busy_pods(&answer);
+    let changes = cost_changes(&live, &busy);
+    let busy_count = live
+        .iter()
+        .filter(|(name, _)| busy.get(name).copied().unwrap_or(false))
+        .count();
     let params = PatchParams::default();
     let patched = futures::stream::iter(changes)
         .map(|(name, cost)| {
@@ -145,7 +151,14 @@ pub(super) async fn rank_before_shrink(
         .buffer_unordered(PATCHES_IN_FLIGHT)
         .count()
         .await;
-    debug!(deployment, patched, "Pods ranked before the shrink");
+    info!(
+        deployment,
+        pods = live.len(),
+        busy = busy_count,
+        patched,
+        ms = started.elapsed().as_millis() as u64,
+        "Pods ranked before the shrink: idle workers go first"
+    );
 }
 
 #[cfg(test)]
