@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
-use lanepool::controller::{BUSY_COST, DELETION_COST};
+use lanepool::controller::{BUSY_COST, DELETION_COST, GRACE_PERIOD_TOO_SHORT};
 use lanepool_testenv::{
     self as testenv, Controllers, InProcessOperator, SimulatedWorkers, TestPrometheus,
 };
@@ -51,6 +51,11 @@ impl World {
     /// The example pool `jobs` with a reserve of 1–4 urgent workers and one fixed shared
     /// worker, sized every 5 s, shrinking at once.
     async fn apply_pool(&self) {
+        self.apply_pool_with(|_| {}).await
+    }
+
+    /// [`Self::apply_pool`], its spec changed by `change` first.
+    async fn apply_pool_with(&self, change: impl FnOnce(&mut serde_json::Value)) {
         let yaml = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/examples/lanepool.yaml"
@@ -64,6 +69,7 @@ impl World {
         let spec = spec.as_object_mut().unwrap();
         spec.remove("totalWorkers");
         spec.remove("prometheus");
+        change(&mut manifest["spec"]);
         let pool: LanePool = serde_json::from_value(manifest).unwrap();
         self.pools()
             .create(&PostParams::default(), &pool)
@@ -230,4 +236,63 @@ async fn without_idle_first_the_replicaset_removes_the_newest_workers_busy_or_no
     for pod in world.pods(RESERVED).await {
         assert_eq!(pod.annotations().get(DELETION_COST), None);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_period_shorter_than_a_lanes_job_time_is_a_condition_and_a_warning() {
+    let world = World::start("grace", true).await;
+    world.urgent(30.0);
+    // The batch lane has no reserve: its job time comes from the same shared query.
+    world
+        .workers
+        .set_lane(&world.namespace, "jobs", "batch", 2.0, 3.0);
+    world
+        .apply_pool_with(|spec| {
+            spec["template"]["spec"]["terminationGracePeriodSeconds"] = json!(1);
+        })
+        .await;
+    let condition = || async {
+        let pool = world.pools().get("jobs").await.unwrap();
+        pool.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == GRACE_PERIOD_TOO_SHORT)
+    };
+    until(60, "GracePeriodTooShort=True", || async {
+        condition().await.is_some_and(|c| c.status == "True")
+    })
+    .await;
+    let message = condition().await.unwrap().message;
+    assert!(message.contains("lane batch"), "{message}");
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(
+        world.client.clone(),
+        &world.namespace,
+    )
+    .list(&ListParams::default())
+    .await
+    .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("JobLongerThanGracePeriod")
+                && e.type_.as_deref() == Some("Warning")),
+        "a warning event"
+    );
+
+    // Raised above the job time, the condition clears.
+    world
+        .pools()
+        .patch(
+            "jobs",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"template": {"spec": {
+                "terminationGracePeriodSeconds": 10}}}})),
+        )
+        .await
+        .unwrap();
+    until(60, "GracePeriodTooShort=False", || async {
+        condition().await.is_some_and(|c| c.status == "False")
+    })
+    .await;
 }

@@ -11,6 +11,7 @@
 
 mod apply;
 mod context;
+mod grace;
 mod idle_first;
 mod measure;
 mod report;
@@ -36,6 +37,7 @@ use tracing::warn;
 
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
+pub use grace::GRACE_PERIOD_TOO_SHORT;
 pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, IDLE_COST};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
@@ -250,7 +252,10 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         );
         memory.decided(&decision, pool.metadata.generation, now);
         ctx.keep(&key, &memory);
-        Some(decision)
+        let job_seconds =
+            grace::served_job_seconds(pool, ctx, memory.connection.as_ref(), &loads).await;
+        let grace = grace::grace_condition(grace::grace_seconds(pool), &job_seconds);
+        Some((decision, grace))
     } else {
         None
     };
@@ -292,7 +297,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     memory.swept = pool.metadata.generation;
     ctx.keep(&key, &memory);
 
-    if let Some(decision) = decision {
+    if let Some((decision, grace)) = decision {
         let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
         report::report_decision(
             pool,
@@ -301,6 +306,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
             &decision,
             start.current.as_ref(),
             hpa,
+            grace,
         )
         .await?;
     }

@@ -20,6 +20,7 @@ pub(super) async fn report_decision(
     decision: &Decision,
     applied: Option<&Replicas>,
     hpa: Option<String>,
+    grace: ConditionState,
 ) -> Result<()> {
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
@@ -49,11 +50,27 @@ pub(super) async fn report_decision(
             .await;
         }
     }
+    let grace_was = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == grace.type_)
+        .map(|c| (c.status.clone(), c.message.clone()));
+    if grace.status && grace_was != Some(("True".into(), grace.message.clone())) {
+        ctx.event(
+            pool,
+            EventType::Warning,
+            &grace.reason,
+            grace.message.clone(),
+        )
+        .await;
+    }
     ctx.metrics.decided(&namespace, &name, decision);
     let mut new = status::decision_status(decision, pool.metadata.generation);
+    let mut conditions = status::decision_conditions(decision, hpa);
+    conditions.push(grace);
     new.conditions = status::merge_conditions(
         &old.conditions,
-        &status::decision_conditions(decision, hpa),
+        &conditions,
         pool.metadata.generation,
         Timestamp::now(),
     );

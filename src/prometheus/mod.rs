@@ -21,7 +21,7 @@ use crate::{Error, Result};
 pub use allowed::AllowedUrls;
 pub use queries::{
     DEFAULT_JOB_TIME_WINDOW, DEFAULT_RATE_WINDOW, DEFAULT_RECENT_RATE_LOOKBACK, LaneQueries, Query,
-    QueryWindows, RecentQuery, Series, pool_queries,
+    QueryWindows, RecentQuery, Series, default_job_time, pool_queries,
 };
 
 /// How to reach Prometheus: everything that goes into the HTTP client. Its Debug form hides

@@ -110,6 +110,29 @@ pub fn pool_queries(pool: &LanePool, windows: &QueryWindows) -> Result<Vec<LaneQ
         .collect()
 }
 
+/// The metric convention's job-time query for any lane of a pool, reserve or not: the same
+/// shared question the reserve lanes ask, so a lane without a reserve costs no extra query.
+pub fn default_job_time(namespace: &str, pool: &str, lane: &str, windows: &QueryWindows) -> Query {
+    let promql = job_seconds(&windows.job_time);
+    let selector = format!(
+        "namespace=\"{}\",pool=\"{}\",lane=\"{}\"",
+        escape(namespace),
+        escape(pool),
+        escape(lane)
+    );
+    Query::Shared {
+        own: promql
+            .replace(BY, "sum")
+            .replace("{pool!=\"\"}", &format!("{{{selector}}}")),
+        promql,
+        series: Series {
+            namespace: namespace.to_string(),
+            pool: pool.to_string(),
+            lane: lane.to_string(),
+        },
+    }
+}
+
 fn lane_queries(
     namespace: &str,
     pool: &str,

@@ -1,0 +1,120 @@
+//! Whether a worker stopped by a scale-down can finish its job: the pod template's
+//! `terminationGracePeriodSeconds` against the measured mean job time of every lane the pool's
+//! workers serve. Reports only (a condition and a warning event); it never changes a count.
+
+use std::collections::BTreeMap;
+
+use kube::ResourceExt;
+
+use super::context::Context;
+use super::measure::{Loads, refresh_period};
+use super::status::ConditionState;
+use crate::api::LanePool;
+use crate::duration::human_seconds;
+use crate::prometheus::{Connection, default_job_time};
+use crate::sizing::single_value;
+
+pub const GRACE_PERIOD_TOO_SHORT: &str = "GracePeriodTooShort";
+/// What the API server gives a Pod that names no grace period.
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+/// The pod template's grace period in seconds.
+pub fn grace_seconds(pool: &LanePool) -> i64 {
+    pool.spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
+}
+
+/// `GracePeriodTooShort`: true when some lane's mean job time is longer than the grace period,
+/// naming the longest such lane; false otherwise. `job_seconds` holds the lanes measured.
+pub fn grace_condition(grace: i64, job_seconds: &BTreeMap<String, f64>) -> ConditionState {
+    let longest = job_seconds
+        .iter()
+        .filter(|(_, seconds)| seconds.is_finite())
+        .max_by(|a, b| a.1.total_cmp(b.1));
+    let grace_text = human_seconds(grace as f64);
+    match longest {
+        Some((lane, seconds)) if *seconds > grace as f64 => ConditionState::new(
+            GRACE_PERIOD_TOO_SHORT,
+            true,
+            "JobLongerThanGracePeriod",
+            format!(
+                "lane {lane}'s mean job time {} is longer than the pod template's \
+                 terminationGracePeriodSeconds ({grace_text}): a worker a scale-down stops \
+                 mid-job is killed before its job ends; raise it above the longest job",
+                human_seconds(*seconds)
+            ),
+        ),
+        _ => ConditionState::new(
+            GRACE_PERIOD_TOO_SHORT,
+            false,
+            "JobsFit",
+            format!(
+                "every measured lane's mean job time fits in terminationGracePeriodSeconds \
+                 ({grace_text})"
+            ),
+        ),
+    }
+}
+
+/// Mean job seconds of every lane: the reserve lanes' from their loads, the others' from the
+/// metric convention's shared job-time query (already refreshed for the reserve lanes, so no
+/// extra query). A lane without an answer is left out.
+pub(super) async fn served_job_seconds(
+    pool: &LanePool,
+    ctx: &Context,
+    connection: Option<&Connection>,
+    loads: &Loads,
+) -> BTreeMap<String, f64> {
+    let mut seconds: BTreeMap<String, f64> = loads
+        .iter()
+        .filter_map(|(lane, load)| Some((lane.clone(), load.as_ref().ok()?.job_seconds?)))
+        .collect();
+    let Some(client) = connection.and_then(|c| ctx.prometheus.get(c).ok()) else {
+        return seconds;
+    };
+    let namespace = pool.namespace().unwrap_or_default();
+    let period = refresh_period(ctx.settings.windows.scrape_interval);
+    for lane in pool
+        .spec
+        .lanes
+        .iter()
+        .filter(|l| !loads.contains_key(&l.name))
+    {
+        let query = default_job_time(
+            &namespace,
+            &pool.name_any(),
+            &lane.name,
+            &ctx.settings.windows,
+        );
+        if let Ok(value) = single_value("job time", &client.ask(&query, period).await) {
+            seconds.insert(lane.name.clone(), value);
+        }
+    }
+    seconds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lane_whose_jobs_outlast_the_grace_period_is_named() {
+        let times = BTreeMap::from([("urgent".to_string(), 0.02), ("batch".to_string(), 3.0)]);
+        let too_short = grace_condition(1, &times);
+        assert!(too_short.status);
+        assert!(
+            too_short.message.contains("lane batch"),
+            "{}",
+            too_short.message
+        );
+        assert!(!grace_condition(30, &times).status);
+        assert!(
+            !grace_condition(1, &BTreeMap::new()).status,
+            "nothing measured: no warning"
+        );
+    }
+}
