@@ -149,7 +149,8 @@ awk '/ after SIGTERM/ {
      END { printf "%d Pods stopped (idle workers first: %s), %d killed at the end of their %s s grace period; seconds from SIGTERM to gone: mean %.2f, max %.2f\n",
            n, idle, killed, grace, n ? t / n : 0, max }' idle="$idle_first" grace="$grace" "$dir/kubelet.log"
 echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
-grep -h 'ranked' "$dir/operator.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -n 5 || true
+sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | sed -nE \
+  's/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy, \4 annotated, in \5 ms/p' || true
 
 say "kubectl get lanepools,deployments,pods -n demo"
 "$kubectl" -n demo get lanepools,deployments,pods
