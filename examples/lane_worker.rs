@@ -23,8 +23,8 @@
 //!
 //! The queue it talks to counts submissions, waits and job times per lane (the README's metric
 //! convention). The worker itself exports one gauge, when `LANEPOOL_METRICS_ADDR` (such as
-//! `$(POD_IP):9100`) is set: `lanepool_worker_busy`, 1 while it runs a job and 0 while it waits,
-//! on `/metrics`. The operator reads it by `pod` before shrinking a Deployment, so the
+//! `$(POD_IP):9100`) is set: `lanepool_worker_busy`, 1 (labelled with the job's `lane`) while
+//! it runs a job and 0 while it waits, on `/metrics`. The operator reads it by `pod` before shrinking a Deployment, so the
 //! ReplicaSet controller removes idle workers first. A worker that runs against a queue that
 //! cannot count (SQS, Redis lists…) would export `lanepool_job_duration_seconds` itself too and
 //! leave the submission count and queue depth to the producer and the queue.
@@ -33,8 +33,7 @@
 //!     LANEPOOL_QUEUE_URL=http://127.0.0.1:9464 cargo run --example lane_worker
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -167,7 +166,8 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let busy = Arc::new(AtomicBool::new(false));
+    // The lane of the job in hand; `None` while waiting for one.
+    let busy: Arc<Mutex<Option<String>>> = Arc::default();
     if let Ok(addr) = std::env::var(METRICS_ADDR_ENV)
         && !addr.is_empty()
     {
@@ -237,7 +237,7 @@ async fn main() -> ExitCode {
 
         // Run the job to its end, even if SIGTERM arrives meanwhile: no preemption. A real
         // worker does its work here; the demo's jobs only take time.
-        busy.store(true, Ordering::Relaxed);
+        *lock(&busy) = Some(job.lane.clone());
         let started = Instant::now();
         tokio::time::sleep(Duration::from_millis(job.job_ms)).await;
         let seconds = started.elapsed().as_secs_f64();
@@ -262,7 +262,7 @@ async fn main() -> ExitCode {
             ),
             Err(e) => eprintln!("{}: reporting job {} done: {e}", config.name, job.id),
         }
-        busy.store(false, Ordering::Relaxed);
+        *lock(&busy) = None;
     }
     println!("{}: SIGTERM: no job in hand, exiting", config.name);
     ExitCode::SUCCESS
@@ -270,7 +270,7 @@ async fn main() -> ExitCode {
 
 /// Serves `lanepool_worker_busy` on every request: the pod's namespace, pool and name come from
 /// Prometheus's target labels, not from the worker.
-async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<AtomicBool>) {
+async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<Mutex<Option<String>>>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
@@ -279,10 +279,13 @@ async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<AtomicBool>)
         tokio::spawn(async move {
             let mut request = [0u8; 1024];
             let _ = stream.read(&mut request).await;
+            let sample = match &*lock(&busy) {
+                Some(lane) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
+                None => "lanepool_worker_busy 0".to_string(),
+            };
             let body = format!(
-                "# HELP lanepool_worker_busy 1 while the worker runs a job, 0 while it waits for one\n\
-                 # TYPE lanepool_worker_busy gauge\nlanepool_worker_busy {}\n",
-                u8::from(busy.load(Ordering::Relaxed))
+                "# HELP lanepool_worker_busy 1 while the worker runs a job (of lane), 0 while it waits\n\
+                 # TYPE lanepool_worker_busy gauge\n{sample}\n"
             );
             let response = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
@@ -292,6 +295,10 @@ async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<AtomicBool>)
             let _ = stream.write_all(response.as_bytes()).await;
         });
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A channel that turns true on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
