@@ -107,6 +107,29 @@ pub(super) fn shrinking(
         .collect()
 }
 
+/// `replicas` with every shrinking Deployment kept at its live count: the growth alone.
+pub(super) fn hold_shrinks(
+    pool: &LanePool,
+    existing: &BTreeMap<String, Deployment>,
+    replicas: &Replicas,
+) -> Replicas {
+    let mut held = replicas.clone();
+    for (name, role, count) in pool_roles(pool, replicas) {
+        let Some(live) = existing.get(&name).and_then(spec_replicas) else {
+            continue;
+        };
+        if count < live {
+            match role {
+                Role::Reserved { lane } => {
+                    held.reserved.insert(lane, live);
+                }
+                Role::Shared => held.shared = live,
+            }
+        }
+    }
+    held
+}
+
 pub(super) async fn apply_deployments(
     pool: &LanePool,
     ctx: &Context,
@@ -270,8 +293,37 @@ pub(super) async fn autoscaler_conflict(
 
 #[cfg(test)]
 mod tests {
-    use super::covers;
+    use super::*;
     use serde_json::json;
+
+    #[test]
+    fn growth_is_applied_alone_before_the_shrinking_deployments_pods_are_ranked() {
+        let mut pool: LanePool =
+            serde_yaml::from_str(include_str!("../../examples/lanepool.yaml")).unwrap();
+        pool.metadata.namespace = Some("team".into());
+        let live = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 1)]),
+            shared: 9,
+        };
+        let existing: BTreeMap<String, Deployment> = worker_deployments(&pool, &live)
+            .into_iter()
+            .map(|d| (d.name_any(), d))
+            .collect();
+        let target = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 3)]),
+            shared: 7,
+        };
+        let held = hold_shrinks(&pool, &existing, &target);
+        assert_eq!(held.reserved["urgent"], 3, "the reserve grows at once");
+        assert_eq!(held.shared, 9, "shared waits for the ranking");
+        let shrinking = shrinking(&pool, &existing, &target);
+        assert_eq!(shrinking.len(), 1);
+        assert_eq!(shrinking[0].0, "jobs-shared");
+        assert_eq!(
+            shrinking[0].1,
+            "lanepool.dev/pool=jobs,lanepool.dev/role=shared"
+        );
+    }
 
     #[test]
     fn defaults_added_by_the_api_server_are_not_drift_and_a_changed_value_is() {

@@ -272,8 +272,27 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     );
     memory.surging(surge.waiting, now);
     ctx.keep(&key, &memory);
-    if ctx.settings.idle_workers_first {
-        for (deployment, selector) in apply::shrinking(pool, &existing, &surge.replicas) {
+    let shrinking = if ctx.settings.idle_workers_first {
+        apply::shrinking(pool, &existing, &surge.replicas)
+    } else {
+        Vec::new()
+    };
+    if !shrinking.is_empty() {
+        // Growth first: ranking the Pods of a shrinking Deployment must never delay new workers
+        // (both in one step only when the surge is off or timed out).
+        let growth = apply::hold_shrinks(pool, &existing, &surge.replicas);
+        if growth != surge.replicas {
+            apply::apply_deployments(
+                pool,
+                ctx,
+                &deployments,
+                &existing,
+                &growth,
+                previous.as_ref().or(start.current.as_ref()),
+            )
+            .await?;
+        }
+        for (deployment, selector) in shrinking {
             idle_first::rank_before_shrink(
                 pool,
                 ctx,
