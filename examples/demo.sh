@@ -142,12 +142,15 @@ for log in "$dir"/workers/*.log; do
 done
 
 say "scale-downs: the Pods stopped, how long each took to free its worker, the jobs cut short"
-awk '/ after SIGTERM/ {
+echo "idle workers first: $idle_first; grace period: $grace s"
+for role in shared urgent-reserved; do
+  grep " jobs-$role-" "$dir/kubelet.log" | awk -v role="$role" '/ after SIGTERM/ {
        n++; s = ($0 ~ /SIGKILL/) ? $(NF-4) : $(NF-3); t += s; if (s > max) max = s
-       if ($0 ~ /SIGKILL/) killed++
+       if (s >= 0.5) waited++; if ($0 ~ /SIGKILL/) killed++
      }
-     END { printf "%d Pods stopped (idle workers first: %s), %d killed at the end of their %s s grace period; seconds from SIGTERM to gone: mean %.2f, max %.2f\n",
-           n, idle, killed, grace, n ? t / n : 0, max }' idle="$idle_first" grace="$grace" "$dir/kubelet.log"
+     END { printf "%-16s %2d Pods stopped; SIGTERM to gone: mean %.2f s, max %.2f s; %d waited on a job (>= 0.5 s), %d killed at the end of the grace period\n",
+           role, n, n ? t / n : 0, max, waited, killed }'
+done
 echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
 sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | sed -nE \
   's/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy, \4 annotated, in \5 ms/p' || true
