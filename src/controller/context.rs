@@ -162,7 +162,8 @@ impl Context {
     ) -> Vec<Deployment> {
         let caches = self.ready_caches().await;
         let stores = || caches.iter().map(|c| &c.deployments);
-        let labelled = |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
+        let labelled =
+            |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
         let found = if sweep {
             in_namespace(stores(), namespace, labelled)
         } else {
