@@ -584,9 +584,14 @@ async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_t
     let spiked = Instant::now();
     let growing = watch_counts(&world, 40, |r, s| r == 5 && s == 5).await;
     let grew = spiked.elapsed();
-    // Reserved grew to 5 while the 9 shared workers stayed until the new ones were ready, and
-    // the pool never had fewer than its 10 workers asked for.
-    assert!(growing.contains(&(5, 9)), "{growing:?}");
+    // Reserved grew (to 5, or first to 2 when a scrape caught the spike's first second) while
+    // the 9 shared workers stayed until the new ones were ready, and the pool never had fewer
+    // than its 10 workers asked for.
+    let first_change = growing.iter().find(|&&counts| counts != (1, 9));
+    assert!(
+        first_change.is_some_and(|&(r, s)| r > 1 && s == 9),
+        "{growing:?}"
+    );
     assert!(growing.iter().all(|(r, s)| r + s >= 10), "{growing:?}");
     world
         .until(10, "a Scaled event from the recent rate", || async {
