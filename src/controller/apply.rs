@@ -165,6 +165,7 @@ pub(super) async fn apply_deployments(
     // the new decision was set by someone else.
     let before = counts_by_name(pool, applied);
     let params = PatchParams::apply(MANAGER).force();
+    let mut writes = Vec::new();
     for deployment in &desired {
         let name = deployment.name_any();
         let want = spec_replicas(deployment).unwrap_or(0);
@@ -189,15 +190,21 @@ pub(super) async fn apply_deployments(
         {
             continue;
         }
-        ctx.write(
-            format!("applying Deployment {name}"),
-            deployments.patch(&name, &params, &Patch::Apply(deployment)),
-        )
-        .await?;
-        if found != Some(want) {
-            info!(deployment = %name, from = ?found, to = want, "scaled");
-        }
+        let params = &params;
+        writes.push(async move {
+            ctx.write(
+                format!("applying Deployment {name}"),
+                deployments.patch(&name, params, &Patch::Apply(deployment)),
+            )
+            .await?;
+            if found != Some(want) {
+                info!(deployment = %name, from = ?found, to = want, "scaled");
+            }
+            Ok::<_, Error>(())
+        });
     }
+    // The Deployments are independent objects: their writes go out together.
+    futures::future::try_join_all(writes).await?;
     // A lane that lost its reserve, or was renamed, leaves a Deployment behind: remove it.
     for (name, deployment) in existing {
         if owned_by(pool, deployment) && !desired.iter().any(|d| d.name_any() == *name) {

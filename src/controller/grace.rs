@@ -37,15 +37,16 @@ pub fn grace_condition(grace: i64, job_seconds: &BTreeMap<String, f64>) -> Condi
         .max_by(|a, b| a.1.total_cmp(b.1));
     let grace_text = human_seconds(grace as f64);
     match longest {
+        // The message names the lane, not the measured time: a number that moves every interval
+        // would rewrite the status and repeat the warning each time.
         Some((lane, seconds)) if *seconds > grace as f64 => ConditionState::new(
             GRACE_PERIOD_TOO_SHORT,
             true,
             "JobLongerThanGracePeriod",
             format!(
-                "lane {lane}'s mean job time {} is longer than the pod template's \
+                "lane {lane}'s mean job time is longer than the pod template's \
                  terminationGracePeriodSeconds ({grace_text}): a worker a scale-down stops \
-                 mid-job is killed before its job ends; raise it above the longest job",
-                human_seconds(*seconds)
+                 mid-job is killed before its job ends; raise it above the longest job"
             ),
         ),
         _ => ConditionState::new(

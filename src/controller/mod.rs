@@ -89,7 +89,7 @@ pub async fn run(
             let deployment_events =
                 watcher(deployments, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
-                    .modify(|d: &mut Deployment| d.managed_fields_mut().clear())
+                    .modify(workers::keep_what_is_read)
                     .reflect(deployment_writer)
                     .touched_objects();
             let (autoscaler_cache, autoscaler_writer) = reflector::store();
@@ -318,7 +318,10 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
 
     if let Some((decision, grace)) = decision {
         let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
-        report::report_decision(
+        let refresh = memory
+            .status_written
+            .is_none_or(|at| now.saturating_sub(at) >= step::STATUS_REFRESH);
+        let written = report::report_decision(
             pool,
             ctx,
             &old_status,
@@ -326,8 +329,13 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
             start.current.as_ref(),
             hpa,
             grace,
+            refresh,
         )
         .await?;
+        if written {
+            memory.status_written = Some(now);
+            ctx.keep(&key, &memory);
+        }
     }
     Ok(Action::requeue(memory.requeue_after(
         interval,

@@ -13,6 +13,9 @@ use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Replicas};
 use crate::{Error, Result};
 
+/// Reports a decision: events for resized reserves and lost metrics, the metrics, and the
+/// status. A status that only restates measurements within their tolerance is not written
+/// unless `refresh` (the measurements shown are getting old); returns whether it was written.
 pub(super) async fn report_decision(
     pool: &LanePool,
     ctx: &Context,
@@ -21,15 +24,18 @@ pub(super) async fn report_decision(
     applied: Option<&Replicas>,
     hpa: Option<String>,
     grace: ConditionState,
-) -> Result<()> {
+    refresh: bool,
+) -> Result<bool> {
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
+    // Events are independent of one another and of the status: they go out together.
+    let mut events = Vec::new();
     for lane in &decision.lanes {
         let from = applied.and_then(|a| a.reserved.get(&lane.name).copied());
         if from != Some(lane.reserve) {
             let note = status::scale_note(lane, from);
             info!(pool = %name, "{note}");
-            ctx.event(pool, EventType::Normal, "Scaled", note).await;
+            events.push(ctx.event(pool, EventType::Normal, "Scaled", note));
         }
     }
     let was_available = old
@@ -40,14 +46,13 @@ pub(super) async fn report_decision(
     if !decision.unavailable.is_empty() {
         let message = decision.unavailable.join("; ");
         if was_available != Some(("False".into(), message.clone())) {
-            ctx.event(
+            events.push(ctx.event(
                 pool,
                 EventType::Warning,
                 "MetricsUnavailable",
                 // Each unmeasured lane's explanation already carries its reason.
                 decision.summary(),
-            )
-            .await;
+            ));
         }
     }
     let grace_was = old
@@ -74,7 +79,14 @@ pub(super) async fn report_decision(
         pool.metadata.generation,
         Timestamp::now(),
     );
-    write_status(pool, ctx, old, new).await
+    let events = futures::future::join_all(events);
+    if !refresh && status::settled(old, &new) {
+        events.await;
+        return Ok(false);
+    }
+    let (_, written) = futures::join!(events, write_status(pool, ctx, old, new));
+    written?;
+    Ok(true)
 }
 
 pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error) {

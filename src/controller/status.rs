@@ -156,6 +156,46 @@ fn lane_status(lane: &LaneDecision) -> LaneStatus {
     }
 }
 
+/// How far a measured number in the status may drift before the status is rewritten: the
+/// sizing's own tolerance. Rates carry noise in every digit; writing each wobble would cost one
+/// API write per pool per interval.
+pub const MEASUREMENT_TOLERANCE: f64 = 0.10;
+
+/// Whether `new` says nothing `old` does not: the same generation, counts, reserves and
+/// conditions, and every measured number within [`MEASUREMENT_TOLERANCE`] of the one shown.
+pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus) -> bool {
+    fn close(a: Option<f64>, b: Option<f64>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => (a - b).abs() <= MEASUREMENT_TOLERANCE * a.abs().max(b.abs()),
+            _ => false,
+        }
+    }
+    let per_second = |text: &Option<String>| -> Option<f64> {
+        text.as_deref()
+            .map(|t| t.trim_end_matches("/s").parse().unwrap_or(f64::NAN))
+    };
+    let lane_settled = |(a, b): (&LaneStatus, &LaneStatus)| {
+        a.name == b.name
+            && a.reserve == b.reserve
+            && a.recommended_reserve == b.recommended_reserve
+            && close(a.arrival_rate_per_second, b.arrival_rate_per_second)
+            && close(
+                per_second(&a.recent_arrival_rate),
+                per_second(&b.recent_arrival_rate),
+            )
+            && close(a.job_seconds, b.job_seconds)
+            && close(a.busy_workers, b.busy_workers)
+    };
+    old.observed_generation == new.observed_generation
+        && old.reserved == new.reserved
+        && old.shared == new.shared
+        && old.conditions == new.conditions
+        && old.last_decision.is_some() == new.last_decision.is_some()
+        && old.lanes.len() == new.lanes.len()
+        && old.lanes.iter().zip(&new.lanes).all(lane_settled)
+}
+
 /// An event note for a resized reserve: "reserved urgent 1 → 3: 92/s × 21 ms × 1.5 = 2.9".
 pub fn scale_note(lane: &LaneDecision, from: Option<i32>) -> String {
     let from = from.map_or_else(|| "(new)".to_string(), |n| n.to_string());
@@ -260,5 +300,54 @@ mod tests {
             later,
         );
         assert_eq!(flipped[0].last_transition_time, Time(later));
+    }
+
+    #[test]
+    fn a_status_restating_measurements_within_the_tolerance_is_settled() {
+        let lane = |rate: f64, recent: &str, reserve: i32| LaneStatus {
+            name: "urgent".into(),
+            arrival_rate: Some(format!("{rate}/s")),
+            arrival_rate_per_second: Some(rate),
+            recent_arrival_rate: Some(recent.into()),
+            job_time: Some("20ms".into()),
+            job_seconds: Some(0.020),
+            busy_workers: Some(rate * 0.020),
+            recommended_reserve: reserve,
+            reserve,
+        };
+        let status = |lane: LaneStatus| LanePoolStatus {
+            observed_generation: Some(1),
+            reserved: lane.reserve,
+            shared: 9,
+            lanes: vec![lane],
+            conditions: Vec::new(),
+            last_decision: Some("urgent 45/s".into()),
+        };
+        let shown = status(lane(45.0, "44.9/s", 1));
+        assert!(
+            settled(&shown, &status(lane(47.2, "46.1/s", 1))),
+            "5 % of noise"
+        );
+        assert!(
+            !settled(&shown, &status(lane(52.0, "44.9/s", 1))),
+            "a rate 15 % up"
+        );
+        assert!(
+            !settled(&shown, &status(lane(45.0, "52/s", 1))),
+            "a recent rate 15 % up"
+        );
+        assert!(
+            !settled(&shown, &status(lane(45.0, "44.9/s", 2))),
+            "a new reserve"
+        );
+        let mut unmeasured = lane(45.0, "44.9/s", 1);
+        unmeasured.recent_arrival_rate = None;
+        assert!(
+            !settled(&shown, &status(unmeasured)),
+            "a rate no longer measured"
+        );
+        let mut respecified = status(lane(45.0, "44.9/s", 1));
+        respecified.observed_generation = Some(2);
+        assert!(!settled(&shown, &respecified), "a new generation");
     }
 }

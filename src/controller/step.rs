@@ -34,7 +34,12 @@ pub(super) struct PoolMemory {
     /// The spec generation for which every Deployment labelled as the pool's was looked at (and
     /// a removed lane's removed): none yet after a start.
     pub(super) swept: Option<i64>,
+    /// When this process last wrote the pool's status after a decision.
+    pub(super) status_written: Option<Duration>,
 }
+
+/// How old the measurements in a status may get while they stay within their tolerance.
+pub(super) const STATUS_REFRESH: Duration = Duration::from_secs(300);
 
 /// The largest share of the interval a requeue comes early by: below the tenth that
 /// [`PoolMemory::start`] forgives, so an early requeue still measures.

@@ -165,6 +165,21 @@ fn hash(text: &str) -> String {
     format!("{hash:016x}")
 }
 
+/// What the watch cache keeps of a Deployment: what a reconcile reads (name, labels, owners,
+/// this operator's annotations, replicas, pod template, ready count). Managed fields, status
+/// conditions and other annotations (such as kubectl's last-applied copy) would only take
+/// memory, once per Deployment of every pool.
+pub(super) fn keep_what_is_read(deployment: &mut Deployment) {
+    let metadata = &mut deployment.metadata;
+    metadata.managed_fields = None;
+    if let Some(annotations) = metadata.annotations.as_mut() {
+        annotations.retain(|key, _| key == TEMPLATE_HASH);
+    }
+    if let Some(status) = deployment.status.as_mut() {
+        status.conditions = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

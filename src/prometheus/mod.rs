@@ -85,6 +85,7 @@ impl Clients {
             in_flight: self.in_flight.clone(),
             metrics: self.metrics.clone(),
             shared: Arc::default(),
+            epoch: tokio::time::Instant::now(),
         };
         clients.insert(connection.clone(), built.clone());
         Ok(built)
@@ -140,6 +141,9 @@ pub struct Client {
     metrics: Arc<Metrics>,
     /// Each shared query, by PromQL.
     shared: Arc<Mutex<HashMap<String, Arc<SharedQuery>>>>,
+    /// The clock the refreshes keep time by: each is asked at whole periods from here, so the
+    /// shapes a decision combines (a rate and its recent rate) are asked at the same moments.
+    epoch: tokio::time::Instant,
 }
 
 /// A shared query: the lanes that take their series from it, its refresh, and its latest
@@ -250,12 +254,11 @@ impl Client {
         }
     }
 
-    /// Asks a shared query every `period` (from one ask's start to the next) until no pool has
-    /// wanted it for [`REFRESH_IDLE`]. Its bounds grow with the lanes that share it: one pool
-    /// alone gets a pool's own bounds.
+    /// Asks a shared query at once, then at every whole `period` of the client's clock, until
+    /// no pool has wanted it for [`REFRESH_IDLE`]. Its bounds grow with the lanes that share it:
+    /// one pool alone gets a pool's own bounds.
     async fn refresh(self, promql: String, query: Arc<SharedQuery>, period: Duration) {
         loop {
-            let started = tokio::time::Instant::now();
             let bounds = query::shared_bounds(lock(&query.state).lanes.len());
             let series = self
                 .run(&promql, bounds)
@@ -265,7 +268,9 @@ impl Client {
                 arrived: Instant::now(),
                 series,
             }));
-            tokio::time::sleep_until(started + period).await;
+            let periods = self.epoch.elapsed().as_nanos() / period.as_nanos().max(1) + 1;
+            let next = period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX));
+            tokio::time::sleep_until(self.epoch + next).await;
             let mut state = lock(&query.state);
             if state.wanted.is_none_or(|at| at.elapsed() > REFRESH_IDLE) {
                 state.running = None;

@@ -279,20 +279,22 @@ async fn main() {
         &["verb=\"LIST\""],
     );
     // Every request the API server served, by verb (the watches are long-running, counted once).
-    let requests: Vec<(&str, f64)> = ["GET", "LIST", "WATCH", "PATCH", "POST", "PUT", "DELETE"]
-        .into_iter()
-        .map(|verb| {
-            let filter = format!("verb=\"{verb}\"");
-            let count = per_interval(
-                &before_api,
-                &after_api,
-                "apiserver_request_total{",
-                &[&filter],
-            );
-            (verb, count)
-        })
-        .filter(|(_, count)| *count > 0.0)
-        .collect();
+    let requests: Vec<(&str, f64)> = [
+        "GET", "LIST", "WATCH", "APPLY", "PATCH", "POST", "PUT", "DELETE",
+    ]
+    .into_iter()
+    .map(|verb| {
+        let filter = format!("verb=\"{verb}\"");
+        let count = per_interval(
+            &before_api,
+            &after_api,
+            "apiserver_request_total{",
+            &[&filter],
+        );
+        (verb, count)
+    })
+    .filter(|(_, count)| *count > 0.0)
+    .collect();
     let reconciles = per_interval(
         &before_op,
         &after_op,
