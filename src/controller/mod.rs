@@ -318,6 +318,8 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
 
     if let Some((decision, grace)) = decision {
         let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
+        let mut conditions = status::decision_conditions(&decision, hpa);
+        conditions.push(grace);
         let refresh = memory
             .status_written
             .is_none_or(|at| now.saturating_sub(at) >= step::STATUS_REFRESH);
@@ -327,8 +329,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
             &old_status,
             &decision,
             start.current.as_ref(),
-            hpa,
-            grace,
+            conditions,
             refresh,
         )
         .await?;

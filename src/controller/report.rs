@@ -8,6 +8,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
+use super::grace::GRACE_PERIOD_TOO_SHORT;
 use super::status::{self, ConditionState};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Replicas};
@@ -22,8 +23,7 @@ pub(super) async fn report_decision(
     old: &LanePoolStatus,
     decision: &Decision,
     applied: Option<&Replicas>,
-    hpa: Option<String>,
-    grace: ConditionState,
+    conditions: Vec<ConditionState>,
     refresh: bool,
 ) -> Result<bool> {
     let namespace = pool.namespace().unwrap_or_default();
@@ -55,24 +55,23 @@ pub(super) async fn report_decision(
             ));
         }
     }
-    let grace_was = old
-        .conditions
+    // A warning condition that turns true (or names another lane) is also an event.
+    for warning in conditions
         .iter()
-        .find(|c| c.type_ == grace.type_)
-        .map(|c| (c.status.clone(), c.message.clone()));
-    if grace.status && grace_was != Some(("True".into(), grace.message.clone())) {
-        ctx.event(
-            pool,
-            EventType::Warning,
-            &grace.reason,
-            grace.message.clone(),
-        )
-        .await;
+        .filter(|c| c.type_ == GRACE_PERIOD_TOO_SHORT && c.status)
+    {
+        let was = old.conditions.iter().find(|c| c.type_ == warning.type_);
+        if was.is_none_or(|c| c.status != "True" || c.message != warning.message) {
+            events.push(ctx.event(
+                pool,
+                EventType::Warning,
+                &warning.reason,
+                warning.message.clone(),
+            ));
+        }
     }
     ctx.metrics.decided(&namespace, &name, decision);
     let mut new = status::decision_status(decision, pool.metadata.generation);
-    let mut conditions = status::decision_conditions(decision, hpa);
-    conditions.push(grace);
     new.conditions = status::merge_conditions(
         &old.conditions,
         &conditions,
