@@ -1079,11 +1079,23 @@ fn kubectl(args: &[&str]) -> (bool, String) {
 async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
     let world = World::start("scale").await;
     world.urgent(30.0, 0.020);
-    world.apply_pool(|_| {}).await;
     world
-        .until(30, "1 reserved and 9 shared", || async {
+        .workers
+        .set_lane(&world.namespace, "jobs", "critical", 20.0, 0.050);
+    // Two reserve lanes: 30/s × 20 ms × 1.5 → 1 and 20/s × 50 ms × 1.5 → 2.
+    world
+        .apply_pool(|spec| {
+            let lanes = spec["lanes"].as_array_mut().unwrap();
+            lanes.insert(1, json!({"name": "critical", "reserve": {"max": 3}}));
+            spec["totalWorkers"] = json!(12);
+        })
+        .await;
+    world
+        .until(40, "1 + 2 reserved and 9 shared, measured", || async {
             world.replicas("jobs-urgent-reserved").await == Some(1)
+                && world.replicas("jobs-critical-reserved").await == Some(2)
                 && world.replicas("jobs-shared").await == Some(9)
+                && world.condition_is("MetricsAvailable", "True").await
         })
         .await;
     let ns = world.namespace.as_str();
@@ -1093,9 +1105,10 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
     assert!(ok, "{out}");
     assert_eq!(world.pool().await.spec.total_workers, Some(14));
     world
-        .until(30, "the reserve kept, shared grown to 13", || async {
+        .until(30, "the reserves kept, shared grown to 11", || async {
             world.replicas("jobs-urgent-reserved").await == Some(1)
-                && world.replicas("jobs-shared").await == Some(13)
+                && world.replicas("jobs-critical-reserved").await == Some(2)
+                && world.replicas("jobs-shared").await == Some(11)
                 && world.pool().await.status.is_some_and(|s| s.replicas == 14)
         })
         .await;
@@ -1110,9 +1123,9 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
         "{scale}"
     );
 
-    // Below the reserves' maxima plus one shared worker (6 + 1 here), or to zero: refused, the
-    // pool untouched.
-    for replicas in ["6", "0"] {
+    // Below the reserves' maxima plus shared.minReplicas (6 + 3 + 2 here), or to zero: refused,
+    // the pool untouched.
+    for replicas in ["10", "0"] {
         let (ok, out) = kubectl(&["scale", "lp/jobs", "--replicas", replicas, "-n", ns]);
         assert!(!ok, "--replicas {replicas} accepted: {out}");
         assert!(out.contains("spec.totalWorkers"), "{out}");
@@ -1127,7 +1140,7 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
     ] {
         assert!(header.contains(&column), "{column} missing: {wide}");
     }
-    assert!(wide.contains("urgent 1"), "{wide}");
+    assert!(wide.contains("urgent 1, critical 2"), "{wide}");
     eprintln!("kubectl get lp -o wide:\n{wide}");
 }
 
