@@ -1120,3 +1120,89 @@ async fn a_chart_upgrade_that_changes_the_crd_changes_it_in_the_api_server() {
         .unwrap();
     let _ = std::fs::remove_dir_all(&upgraded);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_rules_load_into_prometheus_and_an_outage_alert_fires_from_the_operator() {
+    let plane = testenv::shared().expect("the control plane starts");
+    let client = plane.client().await.unwrap();
+    let namespace = plane.namespace(&client, "alert").await.unwrap();
+    // Nothing listens on port 9: every measurement of every pool fails.
+    let operator = InProcessOperator::start(
+        client.clone(),
+        vec![namespace.clone()],
+        "http://127.0.0.1:9".into(),
+    );
+    let metrics = operator.metrics();
+    let target = testenv::serve_metrics(move || metrics.render()).unwrap();
+    let documents = template(&[
+        "prometheusRule.enabled=true",
+        "prometheusRule.metricsFailedIntervals=2",
+    ])
+    .unwrap();
+    let rules = json!({ "groups": of_kind(&documents, "PrometheusRule")[0]["spec"]["groups"] });
+    // The job the chart's ServiceMonitor gives the operator's Service, "<release>-metrics".
+    let prometheus = TestPrometheus::start_with_rules(
+        "lanepool-metrics",
+        &[target],
+        &serde_yaml::to_string(&rules).unwrap(),
+    )
+    .unwrap();
+    let addr: std::net::SocketAddr = prometheus
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+
+    let mut pool: LanePool =
+        serde_yaml::from_str(include_str!("../examples/lanepool.yaml")).unwrap();
+    pool.spec.interval = lanepool::duration::KubeDuration::new("5s");
+    pool.spec.prometheus = None;
+    Api::<LanePool>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+
+    let firing = move || {
+        let (_, body) = testenv::http_get(addr, "/api/v1/alerts").unwrap_or_default();
+        let alerts: Value = serde_json::from_str(&body).unwrap_or_default();
+        alerts["data"]["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| {
+                a["labels"]["alertname"] == "LanePoolMetricsUnavailable" && a["state"] == "firing"
+            })
+            .cloned()
+    };
+    let ns = namespace.clone();
+    until(60, "LanePoolMetricsUnavailable firing", || {
+        let firing = firing.clone();
+        let ns = ns.clone();
+        async move { firing().is_some_and(|a| a["labels"]["namespace"] == ns.as_str()) }
+    })
+    .await;
+    let alert = firing().unwrap();
+    assert_eq!(alert["labels"]["pool"], "jobs", "{alert}");
+    assert!(
+        alert["annotations"]["description"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("onMetricsUnavailable"),
+        "{alert}"
+    );
+    eprintln!("firing: {alert}");
+
+    // Every rule of the chart loaded and evaluated without error against live series.
+    let (_, body) = testenv::http_get(addr, "/api/v1/rules").unwrap();
+    let loaded: Value = serde_json::from_str(&body).unwrap();
+    let rules: Vec<&Value> = loaded["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert_eq!(rules.len(), 7, "{body}");
+    for rule in rules {
+        assert_eq!(rule["health"], "ok", "{rule}");
+    }
+}

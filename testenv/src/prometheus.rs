@@ -37,8 +37,35 @@ impl TestPrometheus {
         Ok(prometheus)
     }
 
+    /// Starts Prometheus in a temporary directory, scraping `targets` every second as the job
+    /// `job` and evaluating the rules file `rules` (YAML) every second.
+    pub fn start_with_rules(job: &str, targets: &[SocketAddr], rules: &str) -> Result<Self> {
+        let temp = tempfile::Builder::new()
+            .prefix("lanepool-prometheus-")
+            .tempdir()
+            .map_err(io("creating a temporary directory"))?;
+        let file = temp.path().join("rules.yml");
+        std::fs::write(&file, rules).map_err(io("writing rules.yml"))?;
+        let extra = format!("rule_files: [\"{}\"]\n", file.display());
+        let mut prometheus =
+            Self::configured(temp.path(), job, targets, &extra, Lifetime::Process)?;
+        prometheus._temp = Some(temp);
+        Ok(prometheus)
+    }
+
     /// Starts Prometheus with its data and configuration in `dir`.
     pub fn start_in(dir: &Path, targets: &[SocketAddr], lifetime: Lifetime) -> Result<Self> {
+        Self::configured(dir, "workers", targets, "", lifetime)
+    }
+
+    /// Starts Prometheus in `dir`, scraping `targets` as `job`, with `extra` top-level config.
+    fn configured(
+        dir: &Path,
+        job: &str,
+        targets: &[SocketAddr],
+        extra: &str,
+        lifetime: Lifetime,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let config = dir.join("prometheus.yml");
         let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
@@ -49,8 +76,8 @@ impl TestPrometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n- job_name: workers\n  honor_labels: true\n  \
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{extra}\
+                 scrape_configs:\n- job_name: {job}\n  honor_labels: true\n  \
                  static_configs:\n  - targets: [{}]\n\
                  - job_name: pods\n  file_sd_configs:\n  - files: [\"{}\"]\n    \
                  refresh_interval: 1s\n",
