@@ -1176,7 +1176,6 @@ async fn the_chart_rules_load_into_prometheus_and_an_outage_alert_fires_from_the
     };
     let ns = namespace.clone();
     until(60, "LanePoolMetricsUnavailable firing", || {
-        let firing = firing.clone();
         let ns = ns.clone();
         async move { firing().is_some_and(|a| a["labels"]["namespace"] == ns.as_str()) }
     })
