@@ -30,8 +30,16 @@ impl Operator {
     ) -> Self {
         let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{namespace}-{identity}.log"));
+        // The watches' retries are logged, so a run that fails shows what the operator waited on.
+        let level = ["--log-level", "info,kube_runtime=debug"];
+        let level = if extra.contains(&"--log-level") {
+            &[][..]
+        } else {
+            &level[..]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_lanepool"))
             .args(["run", "--identity", identity, "--namespaces", namespace])
+            .args(level)
             .args(extra)
             .args([
                 "--leader-election-namespace",
@@ -221,7 +229,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     })
     .await;
     create_pool(&pools, "thawed").await;
-    wait_for(30, "the new leader reconciles after the thaw", || async {
+    let reconciled = testenv::poll_until(Duration::from_secs(30), || async {
         deployments
             .get_opt("thawed-shared")
             .await
@@ -230,6 +238,11 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
             .is_some()
     })
     .await;
+    assert!(
+        reconciled.is_some(),
+        "the new leader reconciles after the thaw: not within 30 s; its log:\n{}",
+        third.log()
+    );
     let thaw_to_reconciled = thawed.elapsed();
 
     // The leader SIGKILLed: it writes nothing more, and the standby takes over once the lease
