@@ -44,17 +44,17 @@ async fn kubectl_shows_the_printer_columns() {
     let table = run(&["get", "lp"]);
     let header = table.lines().next().unwrap();
     for column in [
-        "NAME",
-        "RESERVED",
-        "SHARED",
-        "URGENT RATE",
-        "JOB TIME",
-        "READY",
-        "AGE",
+        "NAME", "RESERVES", "RESERVED", "SHARED", "METRICS", "PAUSED", "READY", "AGE",
     ] {
         assert!(header.contains(column), "{column} missing from {header:?}");
     }
+    assert!(!header.contains("URGENT RATE"), "a wide column: {header:?}");
     assert!(table.contains("jobs"));
+    let wide = run(&["get", "lp", "-o", "wide"]);
+    let header = wide.lines().next().unwrap();
+    for column in ["URGENT RATE", "JOB TIME", "SCALE DOWN"] {
+        assert!(header.contains(column), "{column} missing from {header:?}");
+    }
 }
 
 #[tokio::test]
