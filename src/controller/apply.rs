@@ -12,7 +12,9 @@ use tracing::info;
 
 use super::context::{Context, MANAGER};
 use super::surge;
-use super::workers::{Role, TEMPLATE_HASH, pool_roles, spec_replicas, worker_deployments};
+use super::workers::{
+    Role, TEMPLATE_HASH, pool_roles, spec_replicas, template_json, worker_deployments,
+};
 use crate::api::LanePool;
 use crate::sizing::Replicas;
 use crate::{Error, Result};
@@ -245,12 +247,7 @@ fn owner_of(deployment: &Deployment) -> String {
 /// image` or `kubectl edit` change the template without touching the hash annotation. Fields the
 /// API server fills in (defaults) are not ours and do not count.
 fn template_kept(found: &Deployment, desired: &Deployment) -> bool {
-    let template = |d: &Deployment| {
-        d.spec
-            .as_ref()
-            .and_then(|spec| serde_json::to_value(&spec.template).ok())
-    };
-    match (template(found), template(desired)) {
+    match (template_json(found), template_json(desired)) {
         (Some(live), Some(ours)) => covers(&live, &ours),
         _ => false,
     }

@@ -166,17 +166,45 @@ fn hash(text: &str) -> String {
 }
 
 /// What the watch cache keeps of a Deployment: what a reconcile reads (name, labels, owners,
-/// this operator's annotations, replicas, pod template, ready count). Managed fields, status
+/// this operator's annotations, replicas, the pod template as JSON text, ready count). Managed fields, status
 /// conditions and other annotations (such as kubectl's last-applied copy) would only take
 /// memory, once per Deployment of every pool.
 pub(super) fn keep_what_is_read(deployment: &mut Deployment) {
     let metadata = &mut deployment.metadata;
     metadata.managed_fields = None;
-    if let Some(annotations) = metadata.annotations.as_mut() {
-        annotations.retain(|key, _| key == TEMPLATE_HASH);
+    let annotations = metadata.annotations.get_or_insert_default();
+    annotations.retain(|key, _| key == TEMPLATE_HASH);
+    // The typed pod template is most of a cached Deployment (k8s-openapi's PodSpec and Container
+    // hold every field inline); it is only ever compared as JSON, so it is kept as JSON text.
+    if let Some(spec) = deployment.spec.as_mut() {
+        let template = std::mem::take(&mut spec.template);
+        if let Ok(text) = serde_json::to_string(&template) {
+            annotations.insert(LIVE_TEMPLATE.into(), text);
+        }
     }
     if let Some(status) = deployment.status.as_mut() {
         status.conditions = None;
+    }
+}
+
+/// The annotation a cached Deployment carries its live pod template in, as JSON text (see
+/// [`keep_what_is_read`]). Only in the operator's watch cache: never written to the API server.
+pub(super) const LIVE_TEMPLATE: &str = "lanepool.dev/live-template";
+
+/// A Deployment's pod template as JSON: from the cache's text, or the typed template of a
+/// Deployment read directly.
+pub(super) fn template_json(deployment: &Deployment) -> Option<serde_json::Value> {
+    let cached = deployment
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LIVE_TEMPLATE));
+    match cached {
+        Some(text) => serde_json::from_str(text).ok(),
+        None => deployment
+            .spec
+            .as_ref()
+            .and_then(|spec| serde_json::to_value(&spec.template).ok()),
     }
 }
 
@@ -191,6 +219,31 @@ mod tests {
         pool.metadata.namespace = Some("team".into());
         pool.metadata.uid = Some("1234".into());
         pool
+    }
+
+    #[test]
+    fn the_cache_keeps_the_pod_template_as_json_text_that_compares_the_same() {
+        let pool = example();
+        let replicas = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 1)]),
+            shared: 9,
+        };
+        let desired = worker_deployments(&pool, &replicas).remove(0);
+        let mut cached = desired.clone();
+        cached.metadata.annotations.get_or_insert_default().insert(
+            "kubectl.kubernetes.io/last-applied-configuration".into(),
+            "{}".into(),
+        );
+        keep_what_is_read(&mut cached);
+        assert_eq!(
+            cached.spec.as_ref().unwrap().template,
+            Default::default(),
+            "the typed template is dropped"
+        );
+        assert_eq!(template_json(&cached), template_json(&desired));
+        let annotations = cached.metadata.annotations.as_ref().unwrap();
+        assert!(annotations.contains_key(TEMPLATE_HASH));
+        assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
     }
 
     fn env_of(deployment: &Deployment) -> BTreeMap<String, String> {
