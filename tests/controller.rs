@@ -519,14 +519,14 @@ async fn basic_auth_sizes_the_reserve_a_wrong_password_fails_its_pool_only_until
         .apply_named("wrong", |spec| spec["prometheus"] = source)
         .await;
 
-    world
-        .until(40, "5 reserved at 150/s through basic auth", || async {
+    let sized = world
+        .until(60, "5 reserved at 150/s through basic auth", || async {
             world.condition_is("MetricsAvailable", "True").await
                 && world.replicas("jobs-urgent-reserved").await == Some(5)
         })
         .await;
     world
-        .until(30, "the wrong password named as refused", || async {
+        .until(40, "the wrong password named as refused", || async {
             world
                 .condition_of("wrong", "MetricsAvailable")
                 .await
@@ -541,7 +541,10 @@ async fn basic_auth_sizes_the_reserve_a_wrong_password_fails_its_pool_only_until
         .condition_of("wrong", "MetricsAvailable")
         .await
         .unwrap();
-    eprintln!("a wrong password: {message}");
+    eprintln!(
+        "through basic auth, 5 reserved after {:.1} s; a wrong password: {message}",
+        sized.as_secs_f64()
+    );
     let pool = Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
         .get("wrong")
         .await
@@ -560,15 +563,23 @@ async fn basic_auth_sizes_the_reserve_a_wrong_password_fails_its_pool_only_until
 
     // The Secret fixed: the next interval reads it and connects with the new password.
     world.secret("prometheus-wrong", "Opaque", &good).await;
-    world
-        .until(20, "the fixed Secret used at the next interval", || async {
-            world
-                .condition_of("wrong", "MetricsAvailable")
-                .await
-                .is_some_and(|(status, _, _)| status == "True")
-                && world.replicas("wrong-urgent-reserved").await == Some(5)
-        })
+    let fixed = world
+        .until(
+            40,
+            "the fixed Secret used from the next interval",
+            || async {
+                world
+                    .condition_of("wrong", "MetricsAvailable")
+                    .await
+                    .is_some_and(|(status, _, _)| status == "True")
+                    && world.replicas("wrong-urgent-reserved").await == Some(5)
+            },
+        )
         .await;
+    eprintln!(
+        "the fixed password measured and sized after {:.1} s (interval 5 s)",
+        fixed.as_secs_f64()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -618,8 +629,8 @@ async fn a_client_certificate_sizes_the_reserve_and_without_one_or_with_a_bad_on
         .apply_named("noca", |spec| spec["prometheus"] = untrusting)
         .await;
 
-    world
-        .until(40, "5 reserved at 150/s through mTLS", || async {
+    let sized = world
+        .until(60, "5 reserved at 150/s through mTLS", || async {
             world.condition_is("MetricsAvailable", "True").await
                 && world.replicas("jobs-urgent-reserved").await == Some(5)
         })
@@ -686,6 +697,10 @@ async fn a_client_certificate_sizes_the_reserve_and_without_one_or_with_a_bad_on
             })
         })
         .await;
+    eprintln!(
+        "through a client certificate, 5 reserved after {:.1} s",
+        sized.as_secs_f64()
+    );
     for pool in ["nocert", "noca", "broken", "mismatched", "keyless"] {
         let condition = world.condition_of(pool, "Ready").await;
         let metrics = world.condition_of(pool, "MetricsAvailable").await;
