@@ -35,19 +35,30 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
     status = "LanePoolStatus",
     doc = "A worker pool with priority lanes: reserved workers per lane plus shared workers.",
     validation = Rule::new("self.metadata.name.size() <= 63").message("a LanePool's name must be at most 63 characters: it is the value of its workers' lanepool.dev/pool label"),
+    scale(
+        spec_replicas_path = ".spec.totalWorkers",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Reserves",
+        type_ = "string",
+        description = "every reserve lane's reserve in effect",
+        json_path = ".status.reserves"
+    ),
     printcolumn(name = "Reserved", type_ = "integer", json_path = ".status.reserved"),
     printcolumn(name = "Shared", type_ = "integer", json_path = ".status.shared"),
     printcolumn(
-        name = "Urgent Rate",
+        name = "Metrics",
         type_ = "string",
-        description = "arrival rate of the first reserve lane",
-        json_path = ".status.lanes[0].arrivalRate"
+        description = "whether every reserve lane was measured (MetricsAvailable)",
+        json_path = ".status.conditions[?(@.type==\"MetricsAvailable\")].status"
     ),
     printcolumn(
-        name = "Job Time",
+        name = "Paused",
         type_ = "string",
-        description = "job time of the first reserve lane",
-        json_path = ".status.lanes[0].jobTime"
+        description = "True while spec.paused leaves the Deployments alone",
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status"
     ),
     printcolumn(
         name = "Ready",
@@ -58,6 +69,27 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Urgent Rate",
+        type_ = "string",
+        description = "arrival rate of the first reserve lane",
+        json_path = ".status.lanes[0].arrivalRate",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Job Time",
+        type_ = "string",
+        description = "job time of the first reserve lane",
+        json_path = ".status.lanes[0].jobTime",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Scale Down",
+        type_ = "string",
+        description = "Paused while spec.scaleDown.paused holds every count at its highest",
+        json_path = ".status.scaleDown",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -312,21 +344,44 @@ pub struct ScaleDown {
     #[serde(default = "default_stabilization_window")]
     #[x_kube(validation = Rule::new("duration(self) <= duration('24h')").message("scaleDown.stabilizationWindow must be at most 24h"))]
     pub stabilization_window: KubeDuration,
+
+    /// When true no reserve shrinks (each is held at its highest since) while growth goes on,
+    /// for a deploy or an incident; with spec.totalWorkers shared workers still give way to a
+    /// growing reserve. Unlike spec.paused, the operator keeps measuring and growing. Default
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// What to do while metrics are unavailable.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.action == 'FixedReserve' ? has(self.reserve) : !has(self.reserve)").message("onMetricsUnavailable.reserve is required with action FixedReserve and not allowed otherwise"))]
+#[x_kube(validation = Rule::new("self.action != 'FixedReserve' || has(self.reserve)").message("onMetricsUnavailable.reserve is required with action FixedReserve").field_path(".reserve"))]
 pub struct OnMetricsUnavailable {
-    /// `Hold` keeps the current counts; `FixedReserve` sets each reserve lane to `reserve`
-    /// (within its min and max).
+    /// `Hold` keeps the current counts (for at most holdLimit); `FixedReserve` sets each
+    /// reserve lane to `reserve` (within its min and max). Either acts only after
+    /// failureThreshold failed intervals in a row; before that the counts are held.
     pub action: MetricsUnavailableAction,
 
-    /// The reserve to use with action FixedReserve.
+    /// With FixedReserve, the reserve to use; with Hold, the reserve to fall back to once
+    /// holdLimit has passed (each lane's reserve.min when not set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000))]
     pub reserve: Option<i32>,
+
+    /// Failed intervals in a row before the action is taken; until then the counts are held,
+    /// so one lost scrape changes nothing. Default 3; from 1 to 100.
+    #[serde(default = "default_failure_threshold")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_threshold: i32,
+
+    /// With Hold, how long counts measured before the outage may be kept: after this the
+    /// reserve falls back to `reserve` (or each lane's reserve.min), so a long outage cannot
+    /// keep yesterday's reserve. Counted from the MetricsAvailable condition's transition, so a
+    /// restart does not reset it. Default 30m; from 1m to 24h.
+    #[serde(default = "default_hold_limit")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m') && duration(self) <= duration('24h')").message("onMetricsUnavailable.holdLimit must be between 1m and 24h"))]
+    pub hold_limit: KubeDuration,
 }
 
 /// The actions available while metrics are unavailable.
@@ -355,11 +410,29 @@ pub struct LanePoolStatus {
     #[serde(default)]
     pub shared: i32,
 
+    /// Every worker: reserved + shared. The `/scale` subresource's current count, so
+    /// `kubectl scale`, an HPA or KEDA can size the whole pool through spec.totalWorkers.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// The label selector of every worker of the pool, such as "lanepool.dev/pool=jobs": what
+    /// an HPA on the `/scale` subresource reads Pod metrics from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+
+    /// Every reserve lane's reserve in effect, such as "urgent 2, critical 1".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserves: Option<String>,
+
+    /// "Paused" while spec.scaleDown.paused holds counts from shrinking; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down: Option<String>,
+
     /// One entry per reserve lane.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lanes: Vec<LaneStatus>,
 
-    /// Ready, MetricsAvailable, ScalingLimited, Paused.
+    /// Ready, MetricsAvailable, ScalingLimited, Paused, GracePeriodTooShort.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 
@@ -432,6 +505,17 @@ fn default_reserve_min() -> i32 {
 fn default_shared_min() -> i32 {
     1
 }
+/// `spec.onMetricsUnavailable.failureThreshold` when not set.
+pub const DEFAULT_FAILURE_THRESHOLD: i32 = 3;
+/// `spec.onMetricsUnavailable.holdLimit` when not set.
+pub const DEFAULT_HOLD_LIMIT: &str = "30m";
+
+fn default_failure_threshold() -> i32 {
+    DEFAULT_FAILURE_THRESHOLD
+}
+fn default_hold_limit() -> KubeDuration {
+    KubeDuration::new(DEFAULT_HOLD_LIMIT)
+}
 fn default_stabilization_window() -> KubeDuration {
     KubeDuration::new(DEFAULT_STABILIZATION_WINDOW)
 }
@@ -440,6 +524,7 @@ impl Default for ScaleDown {
     fn default() -> Self {
         Self {
             stabilization_window: default_stabilization_window(),
+            paused: false,
         }
     }
 }
@@ -449,6 +534,8 @@ impl Default for OnMetricsUnavailable {
         Self {
             action: MetricsUnavailableAction::Hold,
             reserve: None,
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            hold_limit: KubeDuration::new(DEFAULT_HOLD_LIMIT),
         }
     }
 }

@@ -124,6 +124,19 @@ pub fn human_seconds(seconds: f64) -> String {
     }
 }
 
+/// A whole-second duration the way a LanePool spells one: "45s", "10m", "1h30m".
+pub fn compact(duration: Duration) -> String {
+    let total = duration.as_secs();
+    let (hours, minutes, seconds) = (total / 3600, total / 60 % 60, total % 60);
+    let mut text = String::new();
+    for (value, unit) in [(hours, "h"), (minutes, "m"), (seconds, "s")] {
+        if value > 0 {
+            text.push_str(&format!("{value}{unit}"));
+        }
+    }
+    if text.is_empty() { "0s".into() } else { text }
+}
+
 /// Three significant figures at most, without trailing zeros: 20, 20.4, 0.95, 1490.
 pub fn trim(value: f64) -> String {
     if value == 0.0 || !value.is_finite() {
@@ -142,6 +155,14 @@ pub fn trim(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compact_durations_read_as_a_spec_writes_them() {
+        assert_eq!(compact(Duration::from_secs(600)), "10m");
+        assert_eq!(compact(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(compact(Duration::from_secs(45)), "45s");
+        assert_eq!(compact(Duration::ZERO), "0s");
+    }
 
     #[test]
     fn parses_the_kubernetes_forms() {

@@ -26,6 +26,8 @@ pub struct Metrics {
     shared: Family<Labels, Gauge>,
     arrival_rate: Family<Labels, Gauge<f64, AtomicU64>>,
     job_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    reserve_capped: Family<Labels, Gauge>,
+    failed_intervals: Family<Labels, Gauge>,
     query_duration: Histogram,
     query_failures: Counter,
     writes: Family<Labels, Counter>,
@@ -42,6 +44,8 @@ impl Default for Metrics {
             shared: Family::default(),
             arrival_rate: Family::default(),
             job_seconds: Family::default(),
+            reserve_capped: Family::default(),
+            failed_intervals: Family::default(),
             query_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             query_failures: Counter::default(),
             writes: Family::default(),
@@ -81,6 +85,16 @@ impl Default for Metrics {
             "job_seconds",
             "Measured mean job time per pool and reserve lane",
             metrics.job_seconds.clone(),
+        );
+        registry.register(
+            "reserve_capped",
+            "1 while a reserve lane's load asks for more than its reserve.max",
+            metrics.reserve_capped.clone(),
+        );
+        registry.register(
+            "metrics_failed_intervals",
+            "Intervals in a row in which some reserve lane of the pool could not be measured",
+            metrics.failed_intervals.clone(),
         );
         registry.register(
             "prometheus_query_duration_seconds",
@@ -134,6 +148,9 @@ impl Metrics {
             self.reserved
                 .get_or_create(&labels)
                 .set(i64::from(lane.reserve));
+            self.reserve_capped
+                .get_or_create(&labels)
+                .set(i64::from(lane.capped));
             if let Some(load) = lane.load {
                 self.arrival_rate
                     .get_or_create(&labels)
@@ -146,6 +163,9 @@ impl Metrics {
         self.shared
             .get_or_create(&pool_labels())
             .set(i64::from(decision.shared));
+        self.failed_intervals
+            .get_or_create(&pool_labels())
+            .set(i64::from(decision.failed_intervals));
     }
 
     /// Removes a deleted pool's series, so the operator stops exporting it.
@@ -156,12 +176,14 @@ impl Metrics {
         ];
         self.reconciles.remove(&pool_labels);
         self.shared.remove(&pool_labels);
+        self.failed_intervals.remove(&pool_labels);
         for lane in lanes {
             let mut labels = pool_labels.clone();
             labels.push(("lane", lane));
             self.reserved.remove(&labels);
             self.arrival_rate.remove(&labels);
             self.job_seconds.remove(&labels);
+            self.reserve_capped.remove(&labels);
         }
     }
 

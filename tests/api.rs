@@ -187,10 +187,13 @@ async fn every_field_round_trips_through_the_api() {
         interval: KubeDuration::new("45m30s"),
         scale_down: Some(ScaleDown {
             stabilization_window: KubeDuration::new("0"),
+            paused: true,
         }),
         on_metrics_unavailable: Some(OnMetricsUnavailable {
             action: MetricsUnavailableAction::FixedReserve,
             reserve: Some(3),
+            failure_threshold: 5,
+            hold_limit: KubeDuration::new("2h"),
         }),
         paused: true,
     };
@@ -327,7 +330,19 @@ async fn bad_manifests_are_refused_with_the_field_named() {
         (
             "fixed-reserve-without-reserve",
             Box::new(|s| s["onMetricsUnavailable"] = json!({"action": "FixedReserve"})),
-            &["spec.onMetricsUnavailable", "FixedReserve"],
+            &["spec.onMetricsUnavailable.reserve", "FixedReserve"],
+        ),
+        (
+            "zero-failure-threshold",
+            Box::new(|s| {
+                s["onMetricsUnavailable"] = json!({"action": "Hold", "failureThreshold": 0})
+            }),
+            &["spec.onMetricsUnavailable.failureThreshold"],
+        ),
+        (
+            "short-hold-limit",
+            Box::new(|s| s["onMetricsUnavailable"] = json!({"action": "Hold", "holdLimit": "30s"})),
+            &["spec.onMetricsUnavailable.holdLimit", "between 1m and 24h"],
         ),
         (
             "prometheus-not-http",

@@ -1336,3 +1336,198 @@ async fn events_whose_notes_carry_multibyte_text_are_published() {
         })
         .await;
 }
+
+/// Runs the pinned kubectl against the test API server.
+fn kubectl(args: &[&str]) -> (bool, String) {
+    let plane = testenv::shared().expect("the control plane starts");
+    let output =
+        std::process::Command::new(testenv::tool("kubectl").expect("built by tests/setup.sh"))
+            .arg("--kubeconfig")
+            .arg(plane.kubeconfig())
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+    (
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
+    let world = World::start("scale").await;
+    world.urgent(30.0, 0.020);
+    world
+        .workers
+        .set_lane(&world.namespace, "jobs", "critical", 20.0, 0.050);
+    // Two reserve lanes: 30/s × 20 ms × 1.5 → 1 and 20/s × 50 ms × 1.5 → 2.
+    world
+        .apply_pool(|spec| {
+            let lanes = spec["lanes"].as_array_mut().unwrap();
+            lanes.insert(1, json!({"name": "critical", "reserve": {"max": 3}}));
+            spec["totalWorkers"] = json!(12);
+        })
+        .await;
+    world
+        .until(40, "1 + 2 reserved and 9 shared, measured", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+                && world.replicas("jobs-critical-reserved").await == Some(2)
+                && world.replicas("jobs-shared").await == Some(9)
+                && world.condition_is("MetricsAvailable", "True").await
+        })
+        .await;
+    let ns = world.namespace.as_str();
+
+    // What an HPA or KEDA reads and writes: the /scale subresource.
+    let (ok, out) = kubectl(&["scale", "lp/jobs", "--replicas", "14", "-n", ns]);
+    assert!(ok, "{out}");
+    assert_eq!(world.pool().await.spec.total_workers, Some(14));
+    world
+        .until(30, "the reserves kept, shared grown to 11", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+                && world.replicas("jobs-critical-reserved").await == Some(2)
+                && world.replicas("jobs-shared").await == Some(11)
+                && world.pool().await.status.is_some_and(|s| s.replicas == 14)
+        })
+        .await;
+    let path = format!("/apis/lanepool.dev/v1alpha1/namespaces/{ns}/lanepools/jobs/scale");
+    let (ok, out) = kubectl(&["get", "--raw", &path]);
+    assert!(ok, "{out}");
+    let scale: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(scale["spec"]["replicas"], 14, "{scale}");
+    assert_eq!(scale["status"]["replicas"], 14, "{scale}");
+    assert_eq!(
+        scale["status"]["selector"], "lanepool.dev/pool=jobs",
+        "{scale}"
+    );
+
+    // Below the reserves' maxima plus shared.minReplicas (6 + 3 + 2 here), or to zero: refused,
+    // the pool untouched.
+    for replicas in ["10", "0"] {
+        let (ok, out) = kubectl(&["scale", "lp/jobs", "--replicas", replicas, "-n", ns]);
+        assert!(!ok, "--replicas {replicas} accepted: {out}");
+        assert!(out.contains("spec.totalWorkers"), "{out}");
+    }
+    assert_eq!(world.pool().await.spec.total_workers, Some(14));
+
+    let (ok, wide) = kubectl(&["get", "lp", "-o", "wide", "-n", ns]);
+    assert!(ok, "{wide}");
+    let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
+    for column in [
+        "RESERVES", "RESERVED", "SHARED", "METRICS", "PAUSED", "READY", "URGENT",
+    ] {
+        assert!(header.contains(&column), "{column} missing: {wide}");
+    }
+    assert!(wide.contains("urgent 1, critical 2"), "{wide}");
+    eprintln!("kubectl get lp -o wide:\n{wide}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_acts_only_after_the_failure_threshold() {
+    let mut world = World::start("threshold").await;
+    world.urgent(150.0, 0.020);
+    world
+        .apply_pool(|spec| {
+            spec["scaleDown"]["stabilizationWindow"] = json!("0s");
+            spec["onMetricsUnavailable"] =
+                json!({"action": "FixedReserve", "reserve": 2, "failureThreshold": 3});
+        })
+        .await;
+    world
+        .until(40, "5 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+
+    world.prometheus.stop();
+    let stopped = Instant::now();
+    world
+        .until(30, "the first failed interval, held", || async {
+            world
+                .condition("MetricsAvailable")
+                .await
+                .is_some_and(|c| c.0 == "False" && c.2.contains("failed interval 1 of 3"))
+        })
+        .await;
+    assert_eq!(
+        world.replicas("jobs-urgent-reserved").await,
+        Some(5),
+        "held"
+    );
+    world
+        .until(30, "the fixed reserve after 3 failed intervals", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(2)
+        })
+        .await;
+    let acted = stopped.elapsed();
+    // Three 5 s intervals: the third failure is at least 10 s after the first.
+    assert!(acted >= Duration::from_secs(10), "acted after {acted:?}");
+    let (_, _, message) = world.condition("MetricsAvailable").await.unwrap();
+    assert!(message.contains("failureThreshold reached"), "{message}");
+    let events = world.events().await;
+    let stages: Vec<_> = events
+        .iter()
+        .filter(|(reason, _)| reason == "MetricsUnavailable")
+        .collect();
+    assert!(stages.len() >= 2, "an event per stage: {events:?}");
+    world.prometheus.resume().unwrap();
+    world
+        .until(40, "measured again", || async {
+            world.condition_is("MetricsAvailable", "True").await
+                && world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_scale_down_holds_the_reserve_while_growth_goes_on() {
+    let world = World::start("holddown").await;
+    world.urgent(30.0, 0.020);
+    world
+        .apply_pool(|spec| {
+            spec["scaleDown"] = json!({"stabilizationWindow": "0s", "paused": true});
+        })
+        .await;
+    world
+        .until(30, "1 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+    world.urgent(150.0, 0.020);
+    world
+        .until(40, "growth goes on: 5 reserved", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+    world.urgent(30.0, 0.020);
+    // Three intervals at 30/s: without the pause it would be back at 1 (window 0s).
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(world.replicas("jobs-urgent-reserved").await, Some(5));
+    let status = world.pool().await.status.unwrap();
+    assert_eq!(status.scale_down.as_deref(), Some("Paused"));
+    assert!(
+        status
+            .last_decision
+            .as_deref()
+            .unwrap_or_default()
+            .contains("scale-down paused"),
+        "{status:?}"
+    );
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .patch(
+            "jobs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"scaleDown": {"paused": false}}})),
+        )
+        .await
+        .unwrap();
+    world
+        .until(30, "unpaused, it shrinks to 1", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+        })
+        .await;
+}

@@ -63,7 +63,9 @@ fn exported() -> String {
         headroom: 1.5,
         size: PoolSize::Shared { replicas: 8 },
         stabilization_window: Duration::ZERO,
-        on_unavailable: UnavailablePolicy::Hold,
+        scale_down_paused: false,
+        on_unavailable: UnavailablePolicy::default(),
+        failure_threshold: 3,
     };
     let loads = BTreeMap::from([(
         "urgent".to_string(),
@@ -78,6 +80,7 @@ fn exported() -> String {
         current: None,
         history: &History::new(),
         now: Duration::ZERO,
+        outage: Outage::default(),
     };
     metrics.decided("ns", "jobs", &decide(&sizing, inputs));
     metrics.reconciled("ns", "jobs", Duration::from_millis(5));

@@ -19,10 +19,20 @@ struct Operator {
 
 impl Operator {
     fn start(identity: &str, namespace: &str, kubeconfig: &std::path::Path) -> Self {
+        Self::start_with(identity, namespace, kubeconfig, &[])
+    }
+
+    fn start_with(
+        identity: &str,
+        namespace: &str,
+        kubeconfig: &std::path::Path,
+        extra: &[&str],
+    ) -> Self {
         let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{namespace}-{identity}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_lanepool"))
             .args(["run", "--identity", identity, "--namespaces", namespace])
+            .args(extra)
             .args([
                 "--leader-election-namespace",
                 namespace,
@@ -95,8 +105,12 @@ async fn create_pool(pools: &Api<LanePool>, name: &str) {
     pools.create(&PostParams::default(), &pool).await.unwrap();
 }
 
+/// The tests here stop the API server and read timings: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_reconciles_and_the_standby_takes_over() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let plane = testenv::shared().expect("the control plane starts");
     let client = plane.client().await.unwrap();
     let namespace = plane.namespace(&client, "leader").await.unwrap();
@@ -252,5 +266,84 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
         "API server frozen 20 s: the leader stopped {:.1} s into the freeze (lease 3 s); the standby led and reconciled {:.1} s after the thaw",
         took.as_secs_f64(),
         thaw_to_reconciled.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_name_the_pool_on_every_reconcile_line_and_each_failure_once() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let plane = testenv::shared().expect("the control plane starts");
+    let client = plane.client().await.unwrap();
+    let namespace = plane.namespace(&client, "logs").await.unwrap();
+    let pools: Api<LanePool> = Api::namespaced(client.clone(), &namespace);
+    let operator = Operator::start_with(
+        "logs",
+        &namespace,
+        plane.kubeconfig(),
+        &["--log-format", "json", "--log-level", "info"],
+    );
+    create_pool(&pools, "jobs").await;
+    // A pool whose bearer token Secret does not exist: every reconcile fails, with backoff.
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/lanepool.yaml"
+    ))
+    .unwrap();
+    let mut broken: LanePool = serde_yaml::from_str(&yaml).unwrap();
+    broken.metadata.name = Some("broken".into());
+    broken.spec.prometheus = Some(lanepool::api::PrometheusSource {
+        url: Some("https://prometheus.invalid:9090".into()),
+        bearer_token_secret: Some(k8s_openapi::api::core::v1::SecretKeySelector {
+            name: "no-such-secret".into(),
+            key: "token".into(),
+            optional: None,
+        }),
+        ..Default::default()
+    });
+    pools.create(&PostParams::default(), &broken).await.unwrap();
+
+    let retried = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("reconcile failed; retrying") && l.contains("\"broken\""))
+            .count()
+    };
+    // Failures come 5 s and then 10 s apart.
+    wait_for(30, "the broken pool's reconcile fails twice", || async {
+        retried(&operator.log()) >= 2
+    })
+    .await;
+    let log = operator.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let pool_of = |line: &serde_json::Value| {
+        line["span"]["pool"]
+            .as_str()
+            .or(line["fields"]["pool"].as_str())
+            .map(str::to_string)
+    };
+    let mut reconciled = std::collections::BTreeSet::new();
+    for line in &lines {
+        let target = line["target"].as_str().unwrap_or_default();
+        if target.starts_with("lanepool::controller") {
+            let pool = pool_of(line)
+                .unwrap_or_else(|| panic!("a controller line without its pool: {line}"));
+            reconciled.insert(pool);
+        }
+    }
+    assert!(reconciled.contains("broken"), "{reconciled:?}\n{log}");
+    // Each failure once: every line that names the missing Secret is one retry's line.
+    let naming = lines
+        .iter()
+        .filter(|l| l.to_string().contains("no-such-secret"))
+        .count();
+    let failures = retried(&log);
+    assert!(
+        naming == failures,
+        "{naming} lines name the error for {failures} failed reconciles:\n{log}"
+    );
+    eprintln!(
+        "{failures} failed reconciles logged once each; controller lines for pools {reconciled:?}"
     );
 }

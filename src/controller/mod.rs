@@ -33,7 +33,7 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
-use tracing::warn;
+use tracing::{Instrument, info_span, warn};
 
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
@@ -122,8 +122,10 @@ pub async fn run(
                 .graceful_shutdown_on(shutdown.clone())
                 .run(reconcile, error_policy, ctx.clone())
                 .for_each(|result| async move {
-                    if let Err(error) = result {
-                        warn!(%error, "reconcile failed");
+                    match result {
+                        // error_policy logged it, once, with its pool and backoff.
+                        Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+                        Err(error) => warn!(%error, "the controller's queue failed"),
                     }
                 })
         })
@@ -164,17 +166,23 @@ pub async fn reconcile(pool: Arc<LanePool>, ctx: Arc<Context>) -> Result<Action>
     let started = Instant::now();
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    match reconcile_pool(&pool, &ctx).await {
-        Ok(action) => {
-            ctx.remember(PoolKey::of(&pool), |m| m.failures = 0);
-            ctx.metrics.reconciled(&namespace, &name, started.elapsed());
-            Ok(action)
-        }
-        Err(error) => {
-            report::report_failure(&pool, &ctx, &error).await;
-            Err(error)
+    // Every line logged while reconciling the pool carries its namespace and name.
+    let span = info_span!("reconcile", namespace = %namespace, pool = %name);
+    async {
+        match reconcile_pool(&pool, &ctx).await {
+            Ok(action) => {
+                ctx.remember(PoolKey::of(&pool), |m| m.failures = 0);
+                ctx.metrics.reconciled(&namespace, &name, started.elapsed());
+                Ok(action)
+            }
+            Err(error) => {
+                report::report_failure(&pool, &ctx, &error).await;
+                Err(error)
+            }
         }
     }
+    .instrument(span)
+    .await
 }
 
 /// Counts the failure and retries with exponential backoff: 5 s, 10 s, … up to 5 minutes.
@@ -188,7 +196,13 @@ pub fn error_policy(pool: Arc<LanePool>, error: &Error, ctx: Arc<Context>) -> Ac
     });
     let backoff = Duration::from_secs(5 * 2u64.saturating_pow(failures.saturating_sub(1).min(6)))
         .min(Duration::from_secs(300));
-    warn!(pool = %pool.name_any(), %error, ?backoff, "reconcile failed; retrying");
+    warn!(
+        namespace = %pool.namespace().unwrap_or_default(),
+        pool = %pool.name_any(),
+        %error,
+        ?backoff,
+        "reconcile failed; retrying"
+    );
     Action::requeue(backoff)
 }
 
@@ -248,6 +262,13 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
                 current: start.current.as_ref(),
                 history: &memory.history,
                 now,
+                outage: memory.outage(&old_status, now, |condition| {
+                    let since = condition.last_transition_time.0;
+                    Timestamp::now()
+                        .duration_since(since)
+                        .try_into()
+                        .unwrap_or_default()
+                }),
             },
         );
         memory.decided(&decision, pool.metadata.generation, now);

@@ -34,7 +34,7 @@ pub(super) async fn report_decision(
         let from = applied.and_then(|a| a.reserved.get(&lane.name).copied());
         if from != Some(lane.reserve) {
             let note = status::scale_note(lane, from);
-            info!(pool = %name, "{note}");
+            info!("{note}");
             events.push(ctx.event(pool, EventType::Normal, "Scaled", note));
         }
     }
@@ -43,9 +43,12 @@ pub(super) async fn report_decision(
         .iter()
         .find(|c| c.type_ == status::METRICS_AVAILABLE)
         .map(|c| (c.status.clone(), c.message.clone()));
-    if !decision.unavailable.is_empty() {
-        let message = decision.unavailable.join("; ");
-        if was_available != Some(("False".into(), message.clone())) {
+    let unavailable = conditions
+        .iter()
+        .find(|c| c.type_ == status::METRICS_AVAILABLE && !c.status);
+    if let Some(unavailable) = unavailable {
+        // Once per change: a new reason, or the outage policy moving to its next stage.
+        if was_available != Some(("False".into(), unavailable.message.clone())) {
             events.push(ctx.event(
                 pool,
                 EventType::Warning,
@@ -71,7 +74,7 @@ pub(super) async fn report_decision(
         }
     }
     ctx.metrics.decided(&namespace, &name, decision);
-    let mut new = status::decision_status(decision, pool.metadata.generation);
+    let mut new = status::decision_status(decision, pool);
     new.conditions = status::merge_conditions(
         &old.conditions,
         &conditions,

@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{LanePoolStatus, LaneStatus};
+use crate::api::{LanePool, LanePoolStatus, LaneStatus, POOL_LABEL};
 use crate::duration::{human_seconds, trim};
 use crate::sizing::{Decision, LaneDecision};
 
@@ -86,12 +86,11 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Cond
             "every reserve lane was measured",
         )
     } else {
-        ConditionState::new(
-            METRICS_AVAILABLE,
-            false,
-            "QueryFailed",
-            decision.unavailable.join("; "),
-        )
+        let mut message = decision.unavailable.join("; ");
+        if let Some(outage) = &decision.outage {
+            message.push_str(&format!("; {outage}"));
+        }
+        ConditionState::new(METRICS_AVAILABLE, false, "QueryFailed", message)
     };
     let mut limits = decision.limited.clone();
     limits.extend(hpa.clone());
@@ -123,12 +122,25 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Cond
     ]
 }
 
-/// The status fields a decision implies (conditions are merged separately).
-pub fn decision_status(decision: &Decision, generation: Option<i64>) -> LanePoolStatus {
+/// The status fields a decision for `pool` implies (conditions are merged separately).
+pub fn decision_status(decision: &Decision, pool: &LanePool) -> LanePoolStatus {
+    let reserves: Vec<String> = decision
+        .lanes
+        .iter()
+        .map(|lane| format!("{} {}", lane.name, lane.reserve))
+        .collect();
+    let scale_down_paused = pool.spec.scale_down.as_ref().is_some_and(|s| s.paused);
     LanePoolStatus {
-        observed_generation: generation,
+        observed_generation: pool.metadata.generation,
         reserved: decision.reserved_total(),
         shared: decision.shared,
+        replicas: decision.reserved_total() + decision.shared,
+        selector: Some(format!(
+            "{POOL_LABEL}={}",
+            pool.metadata.name.as_deref().unwrap_or_default()
+        )),
+        reserves: Some(reserves.join(", ")),
+        scale_down: scale_down_paused.then(|| "Paused".to_string()),
         lanes: decision.lanes.iter().map(lane_status).collect(),
         conditions: Vec::new(),
         last_decision: Some(decision.summary()),
@@ -190,6 +202,10 @@ pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus) -> bool {
     old.observed_generation == new.observed_generation
         && old.reserved == new.reserved
         && old.shared == new.shared
+        && old.replicas == new.replicas
+        && old.selector == new.selector
+        && old.reserves == new.reserves
+        && old.scale_down == new.scale_down
         && old.conditions == new.conditions
         && old.last_decision.is_some() == new.last_decision.is_some()
         && old.lanes.len() == new.lanes.len()
@@ -222,7 +238,9 @@ mod tests {
             headroom: 1.5,
             size: PoolSize::Shared { replicas: 8 },
             stabilization_window: Duration::from_secs(300),
-            on_unavailable: UnavailablePolicy::Hold,
+            scale_down_paused: false,
+            on_unavailable: UnavailablePolicy::default(),
+            failure_threshold: 3,
         };
         let once = |loads: &BTreeMap<String, std::result::Result<LaneLoad, String>>| {
             decide(
@@ -232,6 +250,7 @@ mod tests {
                     current: None,
                     history: &History::new(),
                     now: Duration::ZERO,
+                    outage: Default::default(),
                 },
             )
         };
@@ -322,6 +341,7 @@ mod tests {
             lanes: vec![lane],
             conditions: Vec::new(),
             last_decision: Some("urgent 45/s".into()),
+            ..LanePoolStatus::default()
         };
         let shown = status(lane(45.0, "44.9/s", 1));
         assert!(

@@ -12,7 +12,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use super::workers::{Role, pool_roles, spec_replicas};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
-use crate::sizing::{Decision, History, Replicas};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+use super::status::METRICS_AVAILABLE;
+use crate::sizing::{Decision, History, Outage, Replicas};
 
 /// What one pool's reconciles remember between runs. Times are since the process started.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -36,6 +39,8 @@ pub(super) struct PoolMemory {
     pub(super) swept: Option<i64>,
     /// When this process last wrote the pool's status after a decision.
     pub(super) status_written: Option<Duration>,
+    /// Decisions in a row with some lane's metrics unavailable.
+    pub(super) failed_intervals: u32,
 }
 
 /// How old the measurements in a status may get while they stay within their tolerance.
@@ -91,6 +96,27 @@ impl PoolMemory {
         self.measured_at = Some(now);
         self.generation = generation;
         self.replicas = Some(decision.replicas());
+        self.failed_intervals = decision.failed_intervals;
+    }
+
+    /// The metrics outage a decision at `now` continues: the failed decisions this process
+    /// counted, and its start from the status's MetricsAvailable=False transition (`ago` of
+    /// it), which outlives a restart.
+    pub(super) fn outage(
+        &self,
+        status: &LanePoolStatus,
+        now: Duration,
+        ago: impl Fn(&Condition) -> Duration,
+    ) -> Outage {
+        let since = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == METRICS_AVAILABLE && c.status == "False")
+            .map(|c| now.saturating_sub(ago(c)));
+        Outage {
+            failed_before: self.failed_intervals,
+            since,
+        }
     }
 
     /// The counts the Deployments should reach: the last decision.
@@ -210,6 +236,7 @@ mod tests {
                 needed: None,
                 recommended: reserved,
                 reserve: reserved,
+                capped: false,
                 arithmetic: None,
                 explanation: String::new(),
             }],
@@ -223,6 +250,8 @@ mod tests {
             )]),
             unavailable: vec![],
             limited: vec![],
+            failed_intervals: 0,
+            outage: None,
         }
     }
 

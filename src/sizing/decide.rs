@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::queueing::{formula, latency_target};
 use super::settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
-use crate::duration::{human_seconds, trim};
+use crate::duration::{compact, human_seconds, trim};
 
 /// A reserve lane's measured load.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,6 +63,18 @@ pub struct Inputs<'a> {
     pub current: Option<&'a Replicas>,
     pub history: &'a History,
     pub now: Duration,
+    /// The metrics outage this evaluation continues, if the last one had a lane unmeasured.
+    pub outage: Outage,
+}
+
+/// A metrics outage as the caller remembers it between evaluations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outage {
+    /// Evaluations in a row, before this one, with some lane unmeasured.
+    pub failed_before: u32,
+    /// When the outage began, on the clock of `Inputs::now`; `None` when unknown (the caller
+    /// then counts from now).
+    pub since: Option<Duration>,
 }
 
 /// The decision for one reserve lane.
@@ -76,6 +88,8 @@ pub struct LaneDecision {
     pub recommended: i32,
     /// The reserve to run.
     pub reserve: i32,
+    /// Whether the load asks for more than reserve.max.
+    pub capped: bool,
     /// The measurement behind the recommendation: "30/s × 20 ms × 1.5 = 0.9"; `None` when
     /// the lane could not be measured.
     pub arithmetic: Option<String>,
@@ -94,6 +108,11 @@ pub struct Decision {
     pub unavailable: Vec<String>,
     /// Why a reserve could not be as large as the load asks; empty when no lane was capped.
     pub limited: Vec<String>,
+    /// Evaluations in a row, this one included, with some lane unmeasured: 0 when all were.
+    pub failed_intervals: u32,
+    /// What the outage policy is doing, such as "failed interval 1 of 3: holding"; `None`
+    /// when every lane was measured.
+    pub outage: Option<String>,
 }
 
 impl Decision {
@@ -127,6 +146,16 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
     let mut limited = Vec::new();
     let mut lanes = Vec::with_capacity(sizing.lanes.len());
 
+    let failing = sizing
+        .lanes
+        .iter()
+        .any(|lane| !matches!(inputs.loads.get(&lane.name), Some(Ok(_))));
+    let failed_intervals = if failing {
+        inputs.outage.failed_before.saturating_add(1)
+    } else {
+        0
+    };
+    let stage = outage_stage(sizing, &inputs.outage, failed_intervals, inputs.now);
     for lane in &sizing.lanes {
         let current = inputs
             .current
@@ -144,8 +173,14 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
                     Some(Err(reason)) => reason.clone(),
                     _ => format!("lane {}: not measured", lane.name),
                 };
-                let (past, decision) =
-                    unmeasured_lane(sizing, lane, current, inputs.history, inputs.now, &reason);
+                let (past, decision) = unmeasured_lane(
+                    sizing,
+                    lane,
+                    current,
+                    inputs.history,
+                    inputs.now,
+                    (&stage, &reason),
+                );
                 if !past.is_empty() {
                     history.insert(lane.name.clone(), past);
                 }
@@ -168,6 +203,67 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
         history,
         unavailable,
         limited,
+        failed_intervals,
+        outage: failing.then(|| stage.to_string()),
+    }
+}
+
+/// Where an outage stands against the pool's policy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum OutageStage {
+    /// Fewer failed intervals than the threshold: counts are held whatever the action.
+    Waiting { failed: u32, threshold: u32 },
+    /// The action applies: for Hold (with its limit) until the limit.
+    Acting { hold_limit: Option<Duration> },
+    /// Hold has kept the counts for its whole limit: the fallback applies.
+    HoldExpired { limit: Duration },
+}
+
+fn outage_stage(sizing: &PoolSizing, outage: &Outage, failed: u32, now: Duration) -> OutageStage {
+    if failed < sizing.failure_threshold {
+        return OutageStage::Waiting {
+            failed,
+            threshold: sizing.failure_threshold,
+        };
+    }
+    let held = outage
+        .since
+        .map_or(Duration::ZERO, |since| now.saturating_sub(since));
+    match sizing.on_unavailable {
+        UnavailablePolicy::Hold { limit, .. } if held >= limit => {
+            OutageStage::HoldExpired { limit }
+        }
+        UnavailablePolicy::Hold { limit, .. } => OutageStage::Acting {
+            hold_limit: Some(limit),
+        },
+        UnavailablePolicy::FixedReserve(_) => OutageStage::Acting { hold_limit: None },
+    }
+}
+
+impl std::fmt::Display for OutageStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Waiting { failed, threshold } => write!(
+                f,
+                "failed interval {failed} of {threshold} before onMetricsUnavailable acts: holding"
+            ),
+            // No moving numbers: the text is in the condition, and a change is an event.
+            Self::Acting {
+                hold_limit: Some(limit),
+            } => write!(
+                f,
+                "holding for at most the holdLimit of {}",
+                compact(*limit)
+            ),
+            Self::Acting { hold_limit: None } => {
+                write!(f, "failureThreshold reached: fixed reserve")
+            }
+            Self::HoldExpired { limit } => write!(
+                f,
+                "held for the holdLimit of {}: falling back",
+                compact(*limit)
+            ),
+        }
     }
 }
 
@@ -257,7 +353,11 @@ fn measured(
     let window = sizing.stabilization_window;
     let (past, highest) =
         hold_in_window(window, history.get(&lane.name), current, now, recommended);
-    let reserve = highest.clamp(lane.min, lane.max);
+    let mut reserve = highest.clamp(lane.min, lane.max);
+    let paused_at = current.filter(|&c| sizing.scale_down_paused && c > reserve);
+    if let Some(current) = paused_at {
+        reserve = current;
+    }
 
     let shown_rate = if load.recent_arrival_rate.is_some() {
         format!("{}/s (recent)", trim(rate))
@@ -289,7 +389,9 @@ fn measured(
         let bound = if ceiling > lane.max { "max" } else { "min" };
         explanation.push_str(&format!(", {bound} {recommended}"));
     }
-    if reserve != recommended {
+    if paused_at.is_some() {
+        explanation.push_str(&format!(", held at {reserve} (scale-down paused)"));
+    } else if reserve != recommended {
         explanation.push_str(&format!(
             ", held at {reserve} (highest in the {}s scale-down window)",
             window.as_secs()
@@ -305,6 +407,7 @@ fn measured(
             needed: Some(needed),
             recommended,
             reserve,
+            capped: capped.is_some(),
             arithmetic: Some(arithmetic),
             explanation,
         },
@@ -340,37 +443,56 @@ fn hold_in_window(
     (kept, highest)
 }
 
-/// A lane without a measurement: `Hold` keeps its count; `FixedReserve` recommends the fixed
-/// count, which lowers the reserve only through the scale-down window like any other.
+/// A lane without a measurement. Until the failure threshold its count is held (a lane with
+/// nothing to hold starts as the action says). Then `Hold` keeps its count up to the hold limit
+/// and falls back after it; `FixedReserve` recommends the fixed count. A count that goes down
+/// does so only through the scale-down window, like any other.
 fn unmeasured_lane(
     sizing: &PoolSizing,
     lane: &LaneSizing,
     current: Option<i32>,
     history: &History,
     now: Duration,
-    reason: &str,
+    (stage, reason): (&OutageStage, &str),
 ) -> (Vec<Recommendation>, LaneDecision) {
     let past = history.get(&lane.name);
-    let (kept, reserve, why) = match (sizing.on_unavailable, current) {
-        (UnavailablePolicy::Hold, Some(current)) => {
-            (past.cloned().unwrap_or_default(), current, "holding")
-        }
-        (UnavailablePolicy::Hold, None) => (
+    let target = |count: i32, why: &str| {
+        let fixed = count.clamp(lane.min, lane.max);
+        let (kept, highest) =
+            hold_in_window(sizing.stabilization_window, past, current, now, fixed);
+        let held = if sizing.scale_down_paused {
+            highest.max(current.unwrap_or(highest))
+        } else {
+            highest
+        };
+        let why = if held > fixed {
+            format!("{why} {fixed}, held by the scale-down window")
+        } else {
+            format!("{why} {fixed}")
+        };
+        (kept, held, why)
+    };
+    let (kept, reserve, why) = match (sizing.on_unavailable, current, stage) {
+        (_, Some(current), OutageStage::Waiting { .. })
+        | (UnavailablePolicy::Hold { .. }, Some(current), OutageStage::Acting { .. }) => (
+            past.cloned().unwrap_or_default(),
+            current,
+            format!("{stage}"),
+        ),
+        (
+            UnavailablePolicy::Hold { .. },
+            None,
+            OutageStage::Waiting { .. } | OutageStage::Acting { .. },
+        ) => (
             past.cloned().unwrap_or_default(),
             lane.min,
-            "starting at min",
+            "starting at min".to_string(),
         ),
-        (UnavailablePolicy::FixedReserve(n), _) => {
-            let fixed = n.clamp(lane.min, lane.max);
-            let window = sizing.stabilization_window;
-            let (kept, highest) = hold_in_window(window, past, current, now, fixed);
-            let why = if highest > fixed {
-                "fixed reserve, held by the scale-down window"
-            } else {
-                "fixed reserve"
-            };
-            (kept, highest, why)
+        (UnavailablePolicy::Hold { fallback, .. }, _, OutageStage::HoldExpired { .. }) => {
+            let (kept, reserve, why) = target(fallback.unwrap_or(lane.min), "fallback reserve");
+            (kept, reserve, format!("{stage}: {why}"))
         }
+        (UnavailablePolicy::FixedReserve(n), _, _) => target(n, "fixed reserve"),
     };
     let reserve = reserve.clamp(lane.min, lane.max);
     let decision = LaneDecision {
@@ -379,6 +501,7 @@ fn unmeasured_lane(
         needed: None,
         recommended: reserve,
         reserve,
+        capped: false,
         arithmetic: None,
         explanation: format!(
             "{}: metrics unavailable ({reason}); {why} → {reserve} reserved",

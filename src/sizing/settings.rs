@@ -14,7 +14,11 @@ pub struct PoolSizing {
     pub headroom: f64,
     pub size: PoolSize,
     pub stabilization_window: Duration,
+    /// `spec.scaleDown.paused`: no reserve shrinks; growth goes on.
+    pub scale_down_paused: bool,
     pub on_unavailable: UnavailablePolicy,
+    /// Failed intervals in a row before `on_unavailable` acts; until then counts are held.
+    pub failure_threshold: u32,
 }
 
 /// The bounds of one lane's reserve.
@@ -39,8 +43,23 @@ pub enum PoolSize {
 /// What to do for a lane whose metrics are unavailable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnavailablePolicy {
-    Hold,
+    /// Keep the current count for at most `limit` from the outage's start, then fall back to
+    /// `fallback` (each lane's min when `None`).
+    Hold {
+        limit: Duration,
+        fallback: Option<i32>,
+    },
     FixedReserve(i32),
+}
+
+impl Default for UnavailablePolicy {
+    /// `spec.onMetricsUnavailable` when not set.
+    fn default() -> Self {
+        Self::Hold {
+            limit: Duration::from_secs(30 * 60),
+            fallback: None,
+        }
+    }
 }
 
 /// How a measured load becomes a reserve.
@@ -152,24 +171,46 @@ impl PoolSizing {
             source,
         })?;
         let policy = spec.on_metrics_unavailable.clone().unwrap_or_default();
+        if policy.reserve.is_some_and(|n| n < 0) {
+            return Err(Error::invalid(
+                "spec.onMetricsUnavailable.reserve",
+                "the reserve must be 0 or more",
+            ));
+        }
         let on_unavailable = match (policy.action, policy.reserve) {
-            (MetricsUnavailableAction::Hold, _) => UnavailablePolicy::Hold,
-            (MetricsUnavailableAction::FixedReserve, Some(n)) if n >= 0 => {
-                UnavailablePolicy::FixedReserve(n)
-            }
-            (MetricsUnavailableAction::FixedReserve, _) => {
+            (MetricsUnavailableAction::Hold, fallback) => UnavailablePolicy::Hold {
+                limit: policy.hold_limit.get().map_err(|source| Error::Duration {
+                    field: "spec.onMetricsUnavailable.holdLimit".into(),
+                    source,
+                })?,
+                fallback,
+            },
+            (MetricsUnavailableAction::FixedReserve, Some(n)) => UnavailablePolicy::FixedReserve(n),
+            (MetricsUnavailableAction::FixedReserve, None) => {
                 return Err(Error::invalid(
                     "spec.onMetricsUnavailable.reserve",
                     "a reserve of 0 or more is required with action FixedReserve",
                 ));
             }
         };
+        let failure_threshold = u32::try_from(policy.failure_threshold)
+            .ok()
+            .filter(|n| (1..=100).contains(n))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "spec.onMetricsUnavailable.failureThreshold",
+                    "must be from 1 to 100",
+                )
+            })?;
+        let scale_down = spec.scale_down.clone().unwrap_or_default();
         Ok(Self {
             lanes,
             headroom: spec.headroom,
             size,
             stabilization_window,
+            scale_down_paused: scale_down.paused,
             on_unavailable,
+            failure_threshold,
         })
     }
 }

@@ -15,7 +15,9 @@ fn pool(size: PoolSize, window_secs: u64) -> PoolSizing {
         headroom: 1.5,
         size,
         stabilization_window: Duration::from_secs(window_secs),
-        on_unavailable: UnavailablePolicy::Hold,
+        scale_down_paused: false,
+        on_unavailable: UnavailablePolicy::default(),
+        failure_threshold: 3,
     }
 }
 
@@ -62,6 +64,7 @@ fn at(
             current,
             history,
             now: Duration::from_secs(now),
+            outage: Outage::default(),
         },
     )
 }
@@ -163,6 +166,7 @@ fn unavailable_metrics_hold_the_current_counts() {
 fn a_fixed_reserve_applies_within_the_lane_bounds() {
     let mut sizing = budget();
     sizing.on_unavailable = UnavailablePolicy::FixedReserve(9);
+    sizing.failure_threshold = 1;
     let broken = BTreeMap::from([("urgent".to_string(), Err("timeout".to_string()))]);
     let decision = at(&sizing, &broken, Some(&replicas(2, 8)), &History::new(), 0);
     assert_eq!(decision.lanes[0].reserve, 6, "clamped to reserve.max");
@@ -285,7 +289,9 @@ fn arbitrary_pool() -> impl Strategy<Value = PoolSizing> {
                     PoolSize::Shared { replicas: 4 }
                 },
                 stabilization_window: Duration::from_secs(window),
-                on_unavailable: UnavailablePolicy::Hold,
+                scale_down_paused: false,
+                on_unavailable: UnavailablePolicy::default(),
+                failure_threshold: 3,
             }
         })
 }
@@ -613,6 +619,7 @@ fn a_product_that_overflows_is_capped_at_max_never_read_as_no_load() {
             current: None,
             history: &History::new(),
             now: Duration::ZERO,
+            outage: Outage::default(),
         },
     );
     assert_eq!(decision.lanes[0].reserve, sizing.lanes[0].max);
@@ -696,6 +703,7 @@ proptest! {
 fn a_fixed_reserve_lowers_the_reserve_only_through_the_window() {
     let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 60);
     sizing.on_unavailable = UnavailablePolicy::FixedReserve(1);
+    sizing.failure_threshold = 1;
     // 150/s × 20 ms × 1.5 = 4.5 → 5 reserved, then Prometheus goes away.
     let measured = at(&sizing, &loads(150.0, 0.02), None, &History::new(), 0);
     assert_eq!(measured.lanes[0].reserve, 5);
@@ -725,4 +733,179 @@ fn a_fixed_reserve_lowers_the_reserve_only_through_the_window() {
         61,
     );
     assert_eq!(after.lanes[0].reserve, 1, "{}", after.lanes[0].explanation);
+}
+
+/// Runs evaluations every 30 s from `start` while `loads` say, carrying the outage forward as
+/// the controller does; returns the last decision.
+fn outage_run(
+    sizing: &PoolSizing,
+    loads: &BTreeMap<String, std::result::Result<LaneLoad, String>>,
+    mut decision: Decision,
+    start: u64,
+    evaluations: u64,
+) -> Decision {
+    let since = Duration::from_secs(start);
+    for i in 0..evaluations {
+        decision = decide(
+            sizing,
+            Inputs {
+                loads,
+                current: Some(&decision.replicas()),
+                history: &decision.history,
+                now: since + Duration::from_secs(30 * i),
+                outage: Outage {
+                    failed_before: decision.failed_intervals,
+                    since: (decision.failed_intervals > 0).then_some(since),
+                },
+            },
+        );
+    }
+    decision
+}
+
+#[test]
+fn the_action_waits_for_the_failure_threshold() {
+    let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
+    sizing.on_unavailable = UnavailablePolicy::FixedReserve(1);
+    let measured = at(&sizing, &loads(150.0, 0.02), None, &History::new(), 0);
+    assert_eq!(
+        (measured.lanes[0].reserve, measured.failed_intervals),
+        (5, 0)
+    );
+    let gone = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
+    for failed in 1..=2 {
+        let held = outage_run(&sizing, &gone, measured.clone(), 30, failed);
+        assert_eq!(held.failed_intervals, failed as u32);
+        assert_eq!(held.lanes[0].reserve, 5, "{}", held.lanes[0].explanation);
+        assert_eq!(
+            held.outage.as_deref(),
+            Some(
+                format!("failed interval {failed} of 3 before onMetricsUnavailable acts: holding")
+                    .as_str()
+            )
+        );
+    }
+    let acted = outage_run(&sizing, &gone, measured.clone(), 30, 3);
+    assert_eq!(acted.lanes[0].reserve, 1, "{}", acted.lanes[0].explanation);
+    assert_eq!(
+        acted.outage.as_deref(),
+        Some("failureThreshold reached: fixed reserve")
+    );
+
+    // One good measurement ends the outage: the count starts again.
+    let back = outage_run(&sizing, &loads(150.0, 0.02), acted, 120, 1);
+    assert_eq!((back.failed_intervals, back.outage), (0, None));
+    assert_eq!(back.lanes[0].reserve, 5);
+}
+
+#[test]
+fn hold_keeps_counts_up_to_its_limit_then_falls_back() {
+    let mut sizing = pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    );
+    sizing.on_unavailable = UnavailablePolicy::Hold {
+        limit: Duration::from_secs(600),
+        fallback: None,
+    };
+    let measured = at(&sizing, &loads(150.0, 0.02), None, &History::new(), 0);
+    assert_eq!(measured.lanes[0].reserve, 5);
+    let gone = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
+    // 20 evaluations 30 s apart: the last at 570 s, inside the 10 m limit.
+    let held = outage_run(&sizing, &gone, measured.clone(), 0, 20);
+    assert_eq!((held.lanes[0].reserve, held.shared), (5, 5));
+    assert_eq!(
+        held.outage.as_deref(),
+        Some("holding for at most the holdLimit of 10m")
+    );
+    // The 21st, at 600 s, falls back to reserve.min: the shared workers get the rest.
+    let expired = outage_run(&sizing, &gone, measured.clone(), 0, 21);
+    assert_eq!(
+        (expired.lanes[0].reserve, expired.shared),
+        (1, 9),
+        "{}",
+        expired.lanes[0].explanation
+    );
+    assert!(
+        expired.lanes[0]
+            .explanation
+            .contains("held for the holdLimit of 10m: falling back")
+    );
+
+    // A fallback reserve set by the user, within the lane's bounds.
+    sizing.on_unavailable = UnavailablePolicy::Hold {
+        limit: Duration::from_secs(600),
+        fallback: Some(3),
+    };
+    let expired = outage_run(&sizing, &gone, measured, 0, 21);
+    assert_eq!(expired.lanes[0].reserve, 3);
+}
+
+#[test]
+fn a_paused_scale_down_holds_every_reserve_while_growth_goes_on() {
+    let mut sizing = budget();
+    sizing.stabilization_window = Duration::ZERO;
+    sizing.scale_down_paused = true;
+    let calm = at(&sizing, &loads(30.0, 0.02), None, &History::new(), 0);
+    let spike = at(
+        &sizing,
+        &loads(150.0, 0.02),
+        Some(&calm.replicas()),
+        &calm.history,
+        30,
+    );
+    assert_eq!(spike.lanes[0].reserve, 5, "growth goes on");
+    let after = at(
+        &sizing,
+        &loads(30.0, 0.02),
+        Some(&spike.replicas()),
+        &spike.history,
+        60,
+    );
+    assert_eq!((after.lanes[0].reserve, after.shared), (5, 5));
+    assert!(
+        after.lanes[0]
+            .explanation
+            .contains("held at 5 (scale-down paused)"),
+        "{}",
+        after.lanes[0].explanation
+    );
+}
+
+proptest! {
+    /// Whatever the loads and outages, a paused scale-down never lowers a reserve.
+    #[test]
+    fn a_paused_scale_down_never_lowers_a_reserve(
+        steps in prop::collection::vec((0.0f64..400.0, 0.001f64..0.2, prop::bool::weighted(0.2)), 1..40),
+        fixed in 0i32..8,
+    ) {
+        let mut sizing = budget();
+        sizing.scale_down_paused = true;
+        sizing.failure_threshold = 1;
+        sizing.on_unavailable = if fixed % 2 == 0 {
+            UnavailablePolicy::FixedReserve(fixed)
+        } else {
+            UnavailablePolicy::Hold { limit: Duration::from_secs(60), fallback: None }
+        };
+        let mut decision = at(&sizing, &loads(30.0, 0.02), None, &History::new(), 0);
+        for (i, (rate, job, down)) in steps.into_iter().enumerate() {
+            let observed = if down {
+                BTreeMap::from([("urgent".to_string(), Err("down".to_string()))])
+            } else {
+                loads(rate, job)
+            };
+            let before = decision.lanes[0].reserve;
+            decision = decide(&sizing, Inputs {
+                loads: &observed,
+                current: Some(&decision.replicas()),
+                history: &decision.history,
+                now: Duration::from_secs(30 * (i as u64 + 1)),
+                outage: Outage { failed_before: decision.failed_intervals, since: Some(Duration::ZERO) },
+            });
+            prop_assert!(decision.lanes[0].reserve >= before, "{}", decision.lanes[0].explanation);
+        }
+    }
 }

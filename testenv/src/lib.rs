@@ -19,7 +19,7 @@ pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};
 pub use readiness::DeploymentReadiness;
-pub use worker_metrics::SimulatedWorkers;
+pub use worker_metrics::{SimulatedWorkers, serve_metrics};
 
 /// Why the control plane could not start.
 #[derive(thiserror::Error)]

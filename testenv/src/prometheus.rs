@@ -42,6 +42,8 @@ pub enum Guard {
 struct Tls {
     guard: Guard,
     material: TlsMaterial,
+    /// Its `--web.config.file`.
+    web_config: PathBuf,
 }
 
 /// A Prometheus server on 127.0.0.1.
@@ -99,25 +101,54 @@ impl TestPrometheus {
                 "basic_auth_users:\n  {BASIC_AUTH_USERNAME}: {BASIC_AUTH_BCRYPT}\n"
             )),
         }
-        std::fs::write(temp.path().join("web.yml"), web).map_err(io("writing web.yml"))?;
-        let extra = vec![format!("--web.config.file={}", file("web.yml"))];
-        let tls = Tls { guard, material };
+        let web_config = temp.path().join("web.yml");
+        std::fs::write(&web_config, web).map_err(io("writing web.yml"))?;
+        let tls = Tls {
+            guard,
+            material,
+            web_config,
+        };
+        let mut prometheus = Self::configured(
+            temp.path(),
+            "workers",
+            targets,
+            "",
+            Lifetime::Process,
+            Some(tls),
+        )?;
+        prometheus._temp = Some(temp);
+        Ok(prometheus)
+    }
+
+    /// Starts Prometheus in a temporary directory, scraping `targets` every second as the job
+    /// `job` and evaluating the rules file `rules` (YAML) every second.
+    pub fn start_with_rules(job: &str, targets: &[SocketAddr], rules: &str) -> Result<Self> {
+        let temp = tempfile::Builder::new()
+            .prefix("lanepool-prometheus-")
+            .tempdir()
+            .map_err(io("creating a temporary directory"))?;
+        let file = temp.path().join("rules.yml");
+        std::fs::write(&file, rules).map_err(io("writing rules.yml"))?;
+        let extra = format!("rule_files: [\"{}\"]\n", file.display());
         let mut prometheus =
-            Self::start_with(temp.path(), targets, Lifetime::Process, extra, Some(tls))?;
+            Self::configured(temp.path(), job, targets, &extra, Lifetime::Process, None)?;
         prometheus._temp = Some(temp);
         Ok(prometheus)
     }
 
     /// Starts Prometheus with its data and configuration in `dir`.
     pub fn start_in(dir: &Path, targets: &[SocketAddr], lifetime: Lifetime) -> Result<Self> {
-        Self::start_with(dir, targets, lifetime, Vec::new(), None)
+        Self::configured(dir, "workers", targets, "", lifetime, None)
     }
 
-    fn start_with(
+    /// Starts Prometheus in `dir`, scraping `targets` as `job`, with `extra` top-level config,
+    /// and with `tls` its web config.
+    fn configured(
         dir: &Path,
+        job: &str,
         targets: &[SocketAddr],
+        extra: &str,
         lifetime: Lifetime,
-        extra_args: Vec<String>,
         tls: Option<Tls>,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
@@ -130,8 +161,8 @@ impl TestPrometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n- job_name: workers\n  honor_labels: true\n  \
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{extra}\
+                 scrape_configs:\n- job_name: {job}\n  honor_labels: true\n  \
                  static_configs:\n  - targets: [{}]\n\
                  - job_name: pods\n  file_sd_configs:\n  - files: [\"{}\"]\n    \
                  refresh_interval: 1s\n",
@@ -147,7 +178,9 @@ impl TestPrometheus {
             format!("--web.listen-address=127.0.0.1:{port}"),
             "--log.level=warn".into(),
         ];
-        args.extend(extra_args);
+        if let Some(tls) = &tls {
+            args.push(format!("--web.config.file={}", tls.web_config.display()));
+        }
         let mut prometheus = Self {
             process: None,
             args,

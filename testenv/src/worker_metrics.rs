@@ -66,21 +66,7 @@ impl SimulatedWorkers {
             .map_err(io("reading the metrics port"))?;
         let lanes = Lanes::default();
         let served = lanes.clone();
-        std::thread::Builder::new()
-            .name("simulated-workers".into())
-            .spawn(move || {
-                for mut stream in listener.incoming().flatten() {
-                    let mut request = [0u8; 2048];
-                    let _ = stream.read(&mut request);
-                    let body = exposition(&served);
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                }
-            })
-            .map_err(io("starting the metrics thread"))?;
+        serve_on(listener, "simulated-workers", move || exposition(&served))?;
         Ok(Self { addr, lanes })
     }
 
@@ -126,6 +112,40 @@ impl SimulatedWorkers {
             .busy
             .insert((namespace.into(), pool.into(), pod.into()), busy);
     }
+}
+
+/// Serves `render()` as a Prometheus text exposition on a free port, from a thread that lives as
+/// long as the process: a scrape target for what a test exposes (the operator's own metrics).
+pub fn serve_metrics(render: impl Fn() -> String + Send + 'static) -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding the metrics port"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io("reading the metrics port"))?;
+    serve_on(listener, "metrics", render)?;
+    Ok(addr)
+}
+
+fn serve_on(
+    listener: TcpListener,
+    name: &str,
+    render: impl Fn() -> String + Send + 'static,
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let mut request = [0u8; 2048];
+                let _ = stream.read(&mut request);
+                let body = render();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })
+        .map_err(io("starting the metrics thread"))?;
+    Ok(())
 }
 
 fn exposition(lanes: &Lanes) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::observe::Counters;
 use super::scenario::{Autoscale, Nanos};
-use crate::sizing::{Decision, History, Inputs, LaneLoad, RecentRate, Replicas, decide};
+use crate::sizing::{Decision, History, Inputs, LaneLoad, Outage, RecentRate, Replicas, decide};
 
 pub const LANE: &str = "urgent";
 
@@ -84,6 +84,7 @@ impl Control {
                 current,
                 history: &self.history,
                 now: Duration::from_nanos(now),
+                outage: Outage::default(),
             },
         )
     }
