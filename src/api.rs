@@ -269,8 +269,11 @@ pub struct SharedWorkers {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(
-    "(!has(self.bearerTokenSecret) && !has(self.caSecret)) || !has(self.url) || self.url.startsWith('https://')"
-).message("prometheus.url must start with https:// when a bearer token or CA is set: the token must not travel in clear").field_path(".url"))]
+    "(!has(self.bearerTokenSecret) && !has(self.basicAuth) && !has(self.caSecret) && !has(self.clientCertificateSecret)) || !has(self.url) || self.url.startsWith('https://')"
+).message("prometheus.url must start with https:// when a bearer token, basic auth, CA or client certificate is set: credentials must not travel in clear").field_path(".url"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.bearerTokenSecret) || !has(self.basicAuth)"
+).message("set at most one of prometheus.bearerTokenSecret and prometheus.basicAuth: both are sent as the Authorization header").field_path(".basicAuth"))]
 pub struct PrometheusSource {
     /// Base URL, such as http://prometheus.monitoring:9090. Default: the operator's
     /// --prometheus-url.
@@ -293,10 +296,42 @@ pub struct PrometheusSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret: Option<SecretKeySelector>,
 
+    /// HTTP basic auth sent with every query, the username and password each from a Secret
+    /// key; requires an https:// URL and cannot be combined with bearerTokenSecret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<PrometheusBasicAuth>,
+
+    /// A Secret whose `tls.crt` and `tls.key` are the PEM client certificate (with any
+    /// intermediates) and its private key, presented to Prometheus for mutual TLS: a
+    /// kubernetes.io/tls Secret, such as cert-manager writes. Requires an https:// URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_secret: Option<ClientCertificateSecret>,
+
     /// Extra HTTP headers, such as X-Scope-OrgID for a multi-tenant Prometheus; at most 16.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 16))]
     pub headers: BTreeMap<String, String>,
+}
+
+/// HTTP basic auth for Prometheus, the way managed Prometheus services and a Prometheus with
+/// `basic_auth_users` in its web config expect it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusBasicAuth {
+    /// A Secret key holding the username.
+    pub username_secret: SecretKeySelector,
+
+    /// A Secret key holding the password.
+    pub password_secret: SecretKeySelector,
+}
+
+/// A Secret of the pool's namespace holding a client certificate and its key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertificateSecret {
+    /// The Secret's name; its keys `tls.crt` and `tls.key` are read.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// How scaling down is slowed.

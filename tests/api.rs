@@ -178,6 +178,10 @@ async fn every_field_round_trips_through_the_api() {
             timeout: Some(KubeDuration::new("2s")),
             bearer_token_secret: Some(secret("token")),
             ca_secret: Some(secret("ca")),
+            basic_auth: None,
+            client_certificate_secret: Some(ClientCertificateSecret {
+                name: "prometheus-client".into(),
+            }),
             headers: BTreeMap::from([("X-Scope-OrgID".to_string(), "team-a".to_string())]),
         }),
         interval: KubeDuration::new("45m30s"),
@@ -201,6 +205,21 @@ async fn every_field_round_trips_through_the_api() {
         .expect("accepted");
     let read = api.get("everything").await.expect("read back");
     assert_eq!(read.spec, spec);
+
+    // Basic auth is the bearer token's alternative: the same pool with it instead.
+    let mut basic = spec.clone();
+    let prometheus = basic.prometheus.as_mut().unwrap();
+    prometheus.bearer_token_secret = None;
+    prometheus.basic_auth = Some(PrometheusBasicAuth {
+        username_secret: secret("user"),
+        password_secret: secret("password"),
+    });
+    let mut pool = LanePool::new("basic-auth", basic.clone());
+    pool.meta_mut().namespace = Some(namespace);
+    api.create(&PostParams::default(), &pool)
+        .await
+        .expect("accepted");
+    assert_eq!(api.get("basic-auth").await.expect("read back").spec, basic);
 }
 
 #[tokio::test]
@@ -366,6 +385,58 @@ async fn bad_manifests_are_refused_with_the_field_named() {
                 s["prometheus"]["caSecret"] = json!({"name": "prom", "key": "ca.crt"});
             }),
             &["spec.prometheus.url", "https://"],
+        ),
+        (
+            "basic-auth-in-clear",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("http://prometheus.monitoring:9090");
+                s["prometheus"]["basicAuth"] = json!({
+                    "usernameSecret": {"name": "prom", "key": "username"},
+                    "passwordSecret": {"name": "prom", "key": "password"},
+                });
+            }),
+            &["spec.prometheus.url", "https://", "basic auth"],
+        ),
+        (
+            "client-certificate-in-clear",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("http://prometheus.monitoring:9090");
+                s["prometheus"]["clientCertificateSecret"] = json!({"name": "prom-client"});
+            }),
+            &["spec.prometheus.url", "https://", "client certificate"],
+        ),
+        (
+            "basic-auth-and-bearer-token",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("https://prometheus.monitoring:9090");
+                s["prometheus"]["bearerTokenSecret"] = json!({"name": "prom", "key": "token"});
+                s["prometheus"]["basicAuth"] = json!({
+                    "usernameSecret": {"name": "prom", "key": "username"},
+                    "passwordSecret": {"name": "prom", "key": "password"},
+                });
+            }),
+            &[
+                "spec.prometheus.basicAuth",
+                "at most one of prometheus.bearerTokenSecret and prometheus.basicAuth",
+            ],
+        ),
+        (
+            "basic-auth-without-password",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("https://prometheus.monitoring:9090");
+                s["prometheus"]["basicAuth"] = json!({
+                    "usernameSecret": {"name": "prom", "key": "username"},
+                });
+            }),
+            &["spec.prometheus.basicAuth.passwordSecret", "Required"],
+        ),
+        (
+            "client-certificate-without-name",
+            Box::new(|s| {
+                s["prometheus"]["url"] = json!("https://prometheus.monitoring:9090");
+                s["prometheus"]["clientCertificateSecret"] = json!({});
+            }),
+            &["spec.prometheus.clientCertificateSecret.name", "Required"],
         ),
         (
             "timeout-not-below-interval",

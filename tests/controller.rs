@@ -1,20 +1,23 @@
 //! The controller against a real kube-apiserver and a real Prometheus scraping simulated
 //! workers: Deployments appear as the guide arranges them, the reserve follows the urgent
 //! arrival rate, and failures (Prometheus down, bad PromQL, hand-scaling, missing Secrets) are
-//! handled the way the README promises.
+//! handled the way the README promises. A Prometheus behind TLS with basic auth or client
+//! certificates is reached with the pool's Secrets.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
 use lanepool::prometheus::AllowedUrls;
 use lanepool_testenv::{
-    self as testenv, DeploymentReadiness, InProcessOperator, SimulatedWorkers, TestPrometheus,
+    self as testenv, BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, DeploymentReadiness, Guard,
+    InProcessOperator, SimulatedWorkers, TestPrometheus,
 };
 use serde_json::json;
 
@@ -42,6 +45,20 @@ impl World {
         settings: impl FnOnce(&mut lanepool::controller::Settings),
         pod_start: Duration,
     ) -> Self {
+        Self::start_on(prefix, None, settings, pod_start).await
+    }
+
+    /// A world whose Prometheus serves TLS only and asks every request for `guard`.
+    async fn start_guarded(prefix: &str, guard: Guard) -> Self {
+        Self::start_on(prefix, Some(guard), |_| {}, Duration::ZERO).await
+    }
+
+    async fn start_on(
+        prefix: &str,
+        guard: Option<Guard>,
+        settings: impl FnOnce(&mut lanepool::controller::Settings),
+        pod_start: Duration,
+    ) -> Self {
         let plane = testenv::shared().expect("the control plane starts");
         let (client, namespace) = {
             let client = plane.client().await.unwrap();
@@ -49,7 +66,11 @@ impl World {
             (client, namespace)
         };
         let workers = SimulatedWorkers::start().unwrap();
-        let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
+        let prometheus = match guard {
+            None => TestPrometheus::start(&[workers.addr()]),
+            Some(guard) => TestPrometheus::start_guarded(&[workers.addr()], guard),
+        }
+        .unwrap();
         let mut operator_settings = InProcessOperator::settings(prometheus.url());
         settings(&mut operator_settings);
         let operator = InProcessOperator::start_with(
@@ -107,6 +128,24 @@ impl World {
         let pool: LanePool = serde_json::from_value(manifest).unwrap();
         Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
             .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    /// Creates or replaces the Secret `name` of the world's namespace, of `type_`, holding `data`.
+    async fn secret(&self, name: &str, type_: &str, data: &[(&str, &str)]) {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "type": type_,
+            "stringData": data.iter().copied().collect::<BTreeMap<_, _>>(),
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
+            .patch(
+                name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&secret),
+            )
             .await
             .unwrap();
     }
@@ -427,6 +466,249 @@ async fn a_missing_secret_makes_the_pool_not_ready_and_others_carry_on() {
         world.replicas("jobs-shared").await,
         None,
         "nothing is applied from an invalid pool"
+    );
+}
+
+/// `spec.prometheus` for the world's guarded Prometheus: its URL, its CA from the Secret
+/// `prometheus-ca`, and `auth` (basicAuth, clientCertificateSecret) merged in.
+fn guarded_source(world: &World, auth: serde_json::Value) -> serde_json::Value {
+    let mut source = json!({
+        "url": world.prometheus.url(),
+        "caSecret": {"name": "prometheus-ca", "key": "ca.crt"},
+    });
+    for (field, value) in auth.as_object().unwrap() {
+        source[field] = value.clone();
+    }
+    source
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_sizes_the_reserve_a_wrong_password_fails_its_pool_only_until_the_secret_is_fixed()
+ {
+    let world = World::start_guarded("basic", Guard::BasicAuth).await;
+    let ca = world.prometheus.ca_pem().unwrap();
+    world
+        .secret("prometheus-ca", "Opaque", &[("ca.crt", ca)])
+        .await;
+    // As `kubectl create secret --from-file` writes it: the password ends in a newline.
+    let password = format!("{BASIC_AUTH_PASSWORD}\n");
+    let good = [("username", BASIC_AUTH_USERNAME), ("password", &password)];
+    world.secret("prometheus-auth", "Opaque", &good).await;
+    let wrong = [
+        ("username", BASIC_AUTH_USERNAME),
+        ("password", "not-the-password"),
+    ];
+    world.secret("prometheus-wrong", "Opaque", &wrong).await;
+    let basic_auth = |secret: &str| {
+        json!({"basicAuth": {
+            "usernameSecret": {"name": secret, "key": "username"},
+            "passwordSecret": {"name": secret, "key": "password"},
+        }})
+    };
+    for pool in ["jobs", "wrong"] {
+        world
+            .workers
+            .set_lane(&world.namespace, pool, "urgent", 150.0, 0.020);
+    }
+    let source = guarded_source(&world, basic_auth("prometheus-auth"));
+    world
+        .apply_named("jobs", |spec| spec["prometheus"] = source)
+        .await;
+    let source = guarded_source(&world, basic_auth("prometheus-wrong"));
+    world
+        .apply_named("wrong", |spec| spec["prometheus"] = source)
+        .await;
+
+    let sized = world
+        .until(60, "5 reserved at 150/s through basic auth", || async {
+            world.condition_is("MetricsAvailable", "True").await
+                && world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+    world
+        .until(40, "the wrong password named as refused", || async {
+            world
+                .condition_of("wrong", "MetricsAvailable")
+                .await
+                .is_some_and(|(status, _, message)| {
+                    status == "False"
+                        && message.contains("HTTP 401")
+                        && message.contains("basicAuth")
+                })
+        })
+        .await;
+    let (_, _, message) = world
+        .condition_of("wrong", "MetricsAvailable")
+        .await
+        .unwrap();
+    eprintln!(
+        "through basic auth, 5 reserved after {:.1} s; a wrong password: {message}",
+        sized.as_secs_f64()
+    );
+    let pool = Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .get("wrong")
+        .await
+        .unwrap();
+    let written = format!("{:?} {:?}", pool.status, world.events().await);
+    for credential in [BASIC_AUTH_PASSWORD, "not-the-password"] {
+        assert!(
+            !written.contains(credential),
+            "a password in the status or events"
+        );
+    }
+    assert!(
+        world.condition_is("MetricsAvailable", "True").await,
+        "the pool beside it still measures"
+    );
+
+    // The Secret fixed: the next interval reads it and connects with the new password.
+    world.secret("prometheus-wrong", "Opaque", &good).await;
+    let fixed = world
+        .until(
+            40,
+            "the fixed Secret used from the next interval",
+            || async {
+                world
+                    .condition_of("wrong", "MetricsAvailable")
+                    .await
+                    .is_some_and(|(status, _, _)| status == "True")
+                    && world.replicas("wrong-urgent-reserved").await == Some(5)
+            },
+        )
+        .await;
+    eprintln!(
+        "the fixed password measured and sized after {:.1} s (interval 5 s)",
+        fixed.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_sizes_the_reserve_and_without_one_or_with_a_bad_one_its_pool_fails() {
+    let world = World::start_guarded("mtls", Guard::ClientCertificate).await;
+    let ca = world.prometheus.ca_pem().unwrap();
+    let (certificate, key) = world.prometheus.client_certificate().unwrap();
+    world
+        .secret("prometheus-ca", "Opaque", &[("ca.crt", ca)])
+        .await;
+    // What cert-manager writes for a Certificate.
+    let tls = [("tls.crt", certificate), ("tls.key", key), ("ca.crt", ca)];
+    world
+        .secret("prometheus-client", "kubernetes.io/tls", &tls)
+        .await;
+    let broken = [("tls.crt", certificate), ("tls.key", "not a key")];
+    world.secret("broken-client", "Opaque", &broken).await;
+    // A key that parses but is not the certificate's.
+    let mismatched = [("tls.crt", ca), ("tls.key", key)];
+    world
+        .secret("mismatched-client", "Opaque", &mismatched)
+        .await;
+    let no_key = [("tls.crt", certificate)];
+    world.secret("keyless-client", "Opaque", &no_key).await;
+    let with_certificate = |secret: &str| json!({"clientCertificateSecret": {"name": secret}});
+    for pool in ["jobs", "nocert"] {
+        world
+            .workers
+            .set_lane(&world.namespace, pool, "urgent", 150.0, 0.020);
+    }
+    let pools = [
+        ("jobs", with_certificate("prometheus-client")),
+        ("nocert", json!({})),
+        ("broken", with_certificate("broken-client")),
+        ("mismatched", with_certificate("mismatched-client")),
+        ("keyless", with_certificate("keyless-client")),
+    ];
+    for (name, auth) in pools {
+        let source = guarded_source(&world, auth);
+        world
+            .apply_named(name, |spec| spec["prometheus"] = source)
+            .await;
+    }
+    let mut untrusting = guarded_source(&world, with_certificate("prometheus-client"));
+    untrusting.as_object_mut().unwrap().remove("caSecret");
+    world
+        .apply_named("noca", |spec| spec["prometheus"] = untrusting)
+        .await;
+
+    let sized = world
+        .until(60, "5 reserved at 150/s through mTLS", || async {
+            world.condition_is("MetricsAvailable", "True").await
+                && world.replicas("jobs-urgent-reserved").await == Some(5)
+        })
+        .await;
+    let condition_is =
+        |pool: &'static str, type_: &'static str, check: fn(&str, &str, &str) -> bool| {
+            let world = &world;
+            async move {
+                world
+                    .condition_of(pool, type_)
+                    .await
+                    .is_some_and(|(status, reason, message)| check(&status, &reason, &message))
+            }
+        };
+    world
+        .until(30, "without a certificate: the handshake refused", || {
+            condition_is("nocert", "MetricsAvailable", |status, _, message| {
+                status == "False"
+                    && message.contains("refused the TLS handshake")
+                    && message.contains("spec.prometheus.clientCertificateSecret")
+            })
+        })
+        .await;
+    world
+        .until(
+            30,
+            "without the CA: the server's certificate not trusted",
+            || {
+                condition_is("noca", "MetricsAvailable", |status, _, message| {
+                    status == "False"
+                        && message.contains("invalid peer certificate")
+                        && message.contains("spec.prometheus.caSecret")
+                })
+            },
+        )
+        .await;
+    world
+        .until(30, "a key that does not parse: the field named", || {
+            condition_is("broken", "Ready", |status, reason, message| {
+                status == "False"
+                    && reason == "InvalidSpec"
+                    && message.contains("spec.prometheus.clientCertificateSecret")
+                    && message.contains("tls.key")
+            })
+        })
+        .await;
+    world
+        .until(30, "a key not the certificate's: the field named", || {
+            condition_is("mismatched", "Ready", |status, reason, message| {
+                status == "False"
+                    && reason == "InvalidSpec"
+                    && message.contains("spec.prometheus.clientCertificateSecret")
+                    && message.contains("tls.key: ")
+            })
+        })
+        .await;
+    world
+        .until(30, "a missing tls.key: the field and key named", || {
+            condition_is("keyless", "Ready", |status, reason, message| {
+                status == "False"
+                    && reason == "MissingSecret"
+                    && message.contains("spec.prometheus.clientCertificateSecret")
+                    && message.contains("\"tls.key\"")
+            })
+        })
+        .await;
+    eprintln!(
+        "through a client certificate, 5 reserved after {:.1} s",
+        sized.as_secs_f64()
+    );
+    for pool in ["nocert", "noca", "broken", "mismatched", "keyless"] {
+        let condition = world.condition_of(pool, "Ready").await;
+        let metrics = world.condition_of(pool, "MetricsAvailable").await;
+        eprintln!("{pool}: Ready {condition:?}; MetricsAvailable {metrics:?}");
+    }
+    assert!(
+        world.condition_is("MetricsAvailable", "True").await,
+        "the pool beside them still measures"
     );
 }
 

@@ -12,7 +12,9 @@ use kube::api::Api;
 use super::context::Context;
 use crate::api::LanePool;
 use crate::duration::human_seconds;
-use crate::prometheus::{Client, Connection, LaneQueries, pool_queries};
+use crate::prometheus::{
+    BasicAuth, Client, ClientCertificate, Connection, LaneQueries, pool_queries,
+};
 use crate::sizing::{LaneLoad, RecentRate, lane_load, single_value};
 use crate::{Error, Result};
 
@@ -136,12 +138,17 @@ pub(super) async fn measure_pool(
 async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Connection> {
     let source = pool.spec.prometheus.clone().unwrap_or_default();
     // The CRD checks this for a URL in the spec; the operator's --prometheus-url is checked here,
-    // before the Secret is read.
-    let credentials = source.bearer_token_secret.is_some() || source.ca_secret.is_some();
+    // before any Secret is read.
+    let credentials = source.bearer_token_secret.is_some()
+        || source.basic_auth.is_some()
+        || source.ca_secret.is_some()
+        || source.client_certificate_secret.is_some();
     if credentials && !url.starts_with("https://") {
         return Err(Error::invalid(
             "spec.prometheus.url",
-            format!("{url:?} must be https:// when a bearer token or CA is set"),
+            format!(
+                "{url:?} must be https:// when a bearer token, basic auth, CA or client certificate is set"
+            ),
         ));
     }
     let timeout = match &source.timeout {
@@ -153,42 +160,88 @@ async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Conne
     };
     let namespace = pool.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let read = |field: &'static str, selector: Option<SecretKeySelector>| {
-        let secrets = secrets.clone();
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    let selected = |field: &'static str, selector: SecretKeySelector| {
+        let secrets = &secrets;
         async move {
-            let Some(selector) = selector else {
-                return Ok(None);
-            };
-            let missing = || Error::MissingSecret {
-                field,
-                name: selector.name.clone(),
-                key: selector.key.clone(),
-            };
-            let secret = ctx
-                .read(
-                    format!("reading Secret {}", selector.name),
-                    secrets.get_opt(&selector.name),
-                )
-                .await?
-                .ok_or_else(missing)?;
-            let value = secret
-                .data
-                .and_then(|mut d| d.remove(&selector.key))
-                .ok_or_else(missing)?;
-            Ok::<_, Error>(Some(value.0))
+            let [value] = secret_keys(ctx, secrets, field, &selector.name, [&selector.key]).await?;
+            Ok::<_, Error>(value)
         }
     };
-    let token = read(
-        "spec.prometheus.bearerTokenSecret",
-        source.bearer_token_secret,
-    )
-    .await?;
-    let ca_pem = read("spec.prometheus.caSecret", source.ca_secret).await?;
+    let bearer_token = match source.bearer_token_secret {
+        Some(selector) => Some(text(
+            selected("spec.prometheus.bearerTokenSecret", selector).await?,
+        )),
+        None => None,
+    };
+    let basic_auth = match source.basic_auth {
+        Some(basic) => Some(BasicAuth {
+            username: text(
+                selected(
+                    "spec.prometheus.basicAuth.usernameSecret",
+                    basic.username_secret,
+                )
+                .await?,
+            ),
+            password: text(
+                selected(
+                    "spec.prometheus.basicAuth.passwordSecret",
+                    basic.password_secret,
+                )
+                .await?,
+            ),
+        }),
+        None => None,
+    };
+    let ca_pem = match source.ca_secret {
+        Some(selector) => Some(selected("spec.prometheus.caSecret", selector).await?),
+        None => None,
+    };
+    let client_certificate = match source.client_certificate_secret {
+        Some(secret) => {
+            let field = "spec.prometheus.clientCertificateSecret";
+            let [certificate_pem, key_pem] =
+                secret_keys(ctx, &secrets, field, &secret.name, ["tls.crt", "tls.key"]).await?;
+            Some(ClientCertificate {
+                certificate_pem,
+                key_pem,
+            })
+        }
+        None => None,
+    };
     Ok(Connection {
         url,
         timeout,
-        bearer_token: token.map(|t| String::from_utf8_lossy(&t).into_owned()),
+        bearer_token,
+        basic_auth,
         ca_pem,
+        client_certificate,
         headers: source.headers,
     })
+}
+
+/// `keys` of the Secret `name`, read once (and again every interval, so a rotated Secret is used
+/// from the next); `MissingSecret`, naming `field`, when the Secret or one of the keys is missing.
+async fn secret_keys<const N: usize>(
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    field: &'static str,
+    name: &str,
+    keys: [&str; N],
+) -> Result<[Vec<u8>; N]> {
+    let missing = |key: &str| Error::MissingSecret {
+        field,
+        name: name.to_string(),
+        key: key.to_string(),
+    };
+    let secret = ctx
+        .read(format!("reading Secret {name}"), secrets.get_opt(name))
+        .await?
+        .ok_or_else(|| missing(&keys.join(", ")))?;
+    let mut data = secret.data.unwrap_or_default();
+    let mut values = [(); N].map(|_| Vec::new());
+    for (value, key) in values.iter_mut().zip(keys) {
+        *value = data.remove(key).ok_or_else(|| missing(key))?.0;
+    }
+    Ok(values)
 }

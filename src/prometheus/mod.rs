@@ -1,8 +1,9 @@
 //! Prometheus access, on its own: which servers a pool may name ([`allowed`]), how to reach one
-//! (URL, timeout, bearer token, CA, headers), one HTTP client per distinct connection, and
-//! bounded instant queries ([`query`]) whose answers come back as plain numbers (or the reason
-//! there are none), at most a set number at once across the operator. It knows nothing of the
-//! controller; what to ask comes from [`queries`], what an answer means from [`crate::sizing`].
+//! (URL, timeout, bearer token or basic auth, CA, client certificate, headers), one HTTP client
+//! per distinct connection, and bounded instant queries ([`query`]) whose answers come back as
+//! plain numbers (or the reason there are none), at most a set number at once across the
+//! operator. It knows nothing of the controller; what to ask comes from [`queries`], what an
+//! answer means from [`crate::sizing`].
 
 pub mod allowed;
 pub mod queries;
@@ -24,15 +25,32 @@ pub use queries::{
     QueryWindows, RecentQuery, Series, default_job_time, pool_queries,
 };
 
-/// How to reach Prometheus: everything that goes into the HTTP client. Its Debug form hides
-/// the token.
+/// How to reach Prometheus: everything that goes into the HTTP client, credentials read from
+/// the pool's Secrets included, so a rotated Secret makes a new connection. Its Debug form hides
+/// the token, the password and the client key.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Connection {
     pub url: String,
     pub timeout: Duration,
     pub bearer_token: Option<String>,
+    pub basic_auth: Option<BasicAuth>,
     pub ca_pem: Option<Vec<u8>>,
+    pub client_certificate: Option<ClientCertificate>,
     pub headers: BTreeMap<String, String>,
+}
+
+/// A username and password for HTTP basic auth.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BasicAuth {
+    pub username: String,
+    pub password: String,
+}
+
+/// A PEM client certificate (the chain, leaf first) and its PEM private key, for mutual TLS.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ClientCertificate {
+    pub certificate_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -44,8 +62,28 @@ impl std::fmt::Debug for Connection {
                 "bearer_token",
                 &self.bearer_token.as_ref().map(|_| "<hidden>"),
             )
+            .field("basic_auth", &self.basic_auth)
             .field("ca_pem", &self.ca_pem.as_ref().map(|pem| pem.len()))
+            .field("client_certificate", &self.client_certificate)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for BasicAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasicAuth")
+            .field("username", &"<hidden>")
+            .field("password", &"<hidden>")
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("certificate_pem", &self.certificate_pem.len())
+            .field("key_pem", &"<hidden>")
             .finish()
     }
 }
@@ -332,7 +370,7 @@ fn endpoint(url: &str) -> Result<String> {
 }
 
 /// The HTTP client of one connection: its timeout for the whole exchange, its headers and
-/// token (marked sensitive), its CA, and no redirects.
+/// credentials (marked sensitive), its CA and client certificate, and no redirects.
 fn http_client(connection: &Connection) -> Result<reqwest::Client> {
     let invalid = |field: &str, reason: String| Error::invalid(field, reason);
     let mut headers = reqwest::header::HeaderMap::new();
@@ -349,6 +387,9 @@ fn http_client(connection: &Connection) -> Result<reqwest::Client> {
         value.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
+    if let Some(basic) = &connection.basic_auth {
+        headers.insert(reqwest::header::AUTHORIZATION, basic_auth_header(basic)?);
+    }
     let mut builder = reqwest::Client::builder()
         .timeout(connection.timeout)
         .connect_timeout(connection.timeout)
@@ -359,9 +400,60 @@ fn http_client(connection: &Connection) -> Result<reqwest::Client> {
             .map_err(|e| invalid("spec.prometheus.caSecret", e.to_string()))?;
         builder = builder.add_root_certificate(certificate);
     }
+    if let Some(certificate) = &connection.client_certificate {
+        builder = builder.identity(identity(certificate)?);
+    }
     builder
         .build()
         .map_err(|e| invalid("spec.prometheus", query::describe(&e)))
+}
+
+/// `Basic base64(username:password)`, marked sensitive so it never appears in logs. Surrounding
+/// whitespace is trimmed, as for the bearer token and as Prometheus trims its own
+/// `password_file`: a Secret written from a file often ends in a newline.
+fn basic_auth_header(basic: &BasicAuth) -> Result<reqwest::header::HeaderValue> {
+    use base64::Engine as _;
+    let username = basic.username.trim();
+    if username.contains(':') {
+        return Err(Error::invalid(
+            "spec.prometheus.basicAuth.usernameSecret",
+            "a basic-auth username must not contain ':'",
+        ));
+    }
+    let credentials = format!("{username}:{}", basic.password.trim());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(credentials);
+    let mut value = reqwest::header::HeaderValue::from_str(&format!("Basic {encoded}"))
+        .map_err(|e| Error::invalid("spec.prometheus.basicAuth", e.to_string()))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The client certificate and key as reqwest's identity. The key is only read, and checked
+/// against the certificate, when a client is built: one is built here with the identity alone,
+/// so a bad key is reported as this field's fault and not as the connection's.
+fn identity(certificate: &ClientCertificate) -> Result<reqwest::Identity> {
+    let invalid = |reason: String| {
+        Error::invalid(
+            "spec.prometheus.clientCertificateSecret",
+            format!(
+                "tls.crt and tls.key must be a PEM certificate and its PEM private key: {reason}"
+            ),
+        )
+    };
+    let certificates = reqwest::Certificate::from_pem_bundle(&certificate.certificate_pem)
+        .map_err(|e| invalid(format!("tls.crt: {}", query::describe(&e))))?;
+    if certificates.is_empty() {
+        return Err(invalid("tls.crt holds no PEM certificate".into()));
+    }
+    let mut pem = certificate.certificate_pem.clone();
+    pem.push(b'\n');
+    pem.extend_from_slice(&certificate.key_pem);
+    let identity = reqwest::Identity::from_pem(&pem).map_err(|e| invalid(query::describe(&e)))?;
+    reqwest::Client::builder()
+        .identity(identity.clone())
+        .build()
+        .map_err(|e| invalid(format!("tls.key: {}", query::describe(&e))))?;
+    Ok(identity)
 }
 
 #[cfg(test)]
@@ -408,7 +500,9 @@ mod tests {
             url,
             timeout: Duration::from_secs(5),
             bearer_token: None,
+            basic_auth: None,
             ca_pem: None,
+            client_certificate: None,
             headers: BTreeMap::new(),
         }
     }
@@ -547,12 +641,85 @@ mod tests {
             url: "http://127.0.0.1:9".into(),
             timeout: Duration::from_secs(1),
             bearer_token: None,
+            basic_auth: None,
             ca_pem: None,
+            client_certificate: None,
             headers: BTreeMap::from([("bad header".into(), "x".into())]),
         };
         let error = http_client(&connection)
             .expect_err("a bad header is refused")
             .to_string();
         assert!(error.contains("spec.prometheus.headers"), "{error}");
+    }
+
+    fn guarded(url: &str) -> Connection {
+        Connection {
+            url: url.into(),
+            timeout: Duration::from_secs(1),
+            bearer_token: Some("the-token".into()),
+            basic_auth: Some(BasicAuth {
+                username: "the-user".into(),
+                password: "the-password".into(),
+            }),
+            ca_pem: None,
+            client_certificate: Some(ClientCertificate {
+                certificate_pem: b"the-certificate".to_vec(),
+                key_pem: b"the-key".to_vec(),
+            }),
+            headers: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_connections_debug_form_shows_no_credential() {
+        let shown = format!("{:?}", guarded("https://127.0.0.1:9"));
+        for credential in [
+            "the-token",
+            "the-user",
+            "the-password",
+            "the-certificate",
+            "the-key",
+        ] {
+            assert!(!shown.contains(credential), "{credential} in {shown}");
+        }
+        assert!(shown.contains("https://127.0.0.1:9"), "{shown}");
+    }
+
+    #[test]
+    fn basic_auth_is_one_sensitive_header_with_the_secrets_trailing_newline_trimmed() {
+        let value = basic_auth_header(&BasicAuth {
+            username: "user".into(),
+            password: "pass\n".into(),
+        })
+        .unwrap();
+        // base64("user:pass")
+        assert_eq!(value.to_str().unwrap(), "Basic dXNlcjpwYXNz");
+        assert!(value.is_sensitive(), "kept out of reqwest's Debug and logs");
+    }
+
+    #[test]
+    fn a_basic_auth_username_with_a_colon_names_the_field() {
+        let error = basic_auth_header(&BasicAuth {
+            username: "a:b".into(),
+            password: "p".into(),
+        })
+        .expect_err("refused: the colon separates the username from the password")
+        .to_string();
+        assert!(
+            error.contains("spec.prometheus.basicAuth.usernameSecret"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_that_is_not_pem_names_the_field() {
+        let mut connection = guarded("https://127.0.0.1:9");
+        connection.basic_auth = None;
+        let error = http_client(&connection).expect_err("refused").to_string();
+        assert!(
+            error.contains("spec.prometheus.clientCertificateSecret") && error.contains("tls.crt"),
+            "{error}"
+        );
+        assert!(!error.contains("the-key"), "{error}");
     }
 }

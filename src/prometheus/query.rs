@@ -46,6 +46,9 @@ pub fn shared_bounds(lanes: usize) -> Bounds {
 /// pool's own.
 pub const TOO_LARGE: &str = "too large: ";
 
+/// Why a 401 or 403 came back, in the fields a user changes.
+pub const REFUSED_CREDENTIALS: &str = "Prometheus refused the pool's credentials (spec.prometheus.bearerTokenSecret, basicAuth or clientCertificateSecret) or their absence";
+
 /// One series of an answer: its labels and value.
 pub type Labelled = (BTreeMap<String, String>, f64);
 
@@ -100,10 +103,16 @@ pub(super) async fn instant(
         .query(&[("query", promql)])
         .send()
         .await
-        .map_err(|e| describe(&e))?;
+        .map_err(|e| with_tls_hint(describe(&e)))?;
     let status = response.status();
     if status.is_redirection() {
         return Err(format!("HTTP {status}: redirects are not followed"));
+    }
+    if matches!(
+        status,
+        reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
+    ) {
+        return Err(format!("HTTP {status}: {REFUSED_CREDENTIALS}"));
     }
     let body = read_bounded(response, bounds.bytes).await?;
     let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
@@ -160,6 +169,22 @@ fn too_long(most: usize) -> String {
         "{TOO_LARGE}the answer is longer than {} KiB; a lane's query must return one series",
         most / 1024
     )
+}
+
+/// A failed TLS handshake, with the field that fixes it: the server refused ours (it wants a
+/// client certificate its CA signed), or we refused the server's (its CA is not trusted).
+fn with_tls_hint(reason: String) -> String {
+    if reason.contains("received fatal alert") {
+        format!(
+            "{reason}: Prometheus refused the TLS handshake; if it requires a client certificate, set spec.prometheus.clientCertificateSecret to one its client CA signed"
+        )
+    } else if reason.contains("invalid peer certificate") {
+        format!(
+            "{reason}: Prometheus's certificate is not trusted; set spec.prometheus.caSecret to the CA that signed it"
+        )
+    } else {
+        reason
+    }
 }
 
 /// The error with its causes, so "connection refused" is not hidden behind "request failed".

@@ -1,13 +1,16 @@
 //! Certificates for the test API server, generated fresh for every control plane: a CA, the
 //! server's serving certificate for 127.0.0.1, an admin client certificate in system:masters,
-//! and the service-account signing key.
+//! and the service-account signing key; and, for a Prometheus that serves TLS, a CA of its own,
+//! its serving certificate and a client certificate ([`TlsMaterial`]).
 
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+
+use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 
 use super::{Result, io};
 
@@ -23,13 +26,11 @@ pub struct CertFiles {
     pub service_account_public_key: PathBuf,
 }
 
-/// Generates the certificates and writes them into `dir`.
-pub fn write(dir: &Path) -> Result<CertFiles> {
+/// A fresh CA: its certificate and what signs with it.
+fn certificate_authority(name: &str) -> Result<(Certificate, Issuer<'static, KeyPair>)> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "lanepool-testenv-ca");
+    ca_params.distinguished_name.push(DnType::CommonName, name);
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -37,7 +38,12 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
         KeyUsagePurpose::DigitalSignature,
     ];
     let ca_cert = ca_params.self_signed(&ca_key)?;
-    let ca = Issuer::new(ca_params, ca_key);
+    Ok((ca_cert, Issuer::new(ca_params, ca_key)))
+}
+
+/// Generates the certificates and writes them into `dir`.
+pub fn write(dir: &Path) -> Result<CertFiles> {
+    let (ca_cert, ca) = certificate_authority("lanepool-testenv-ca")?;
 
     let serving_key = KeyPair::generate()?;
     let mut serving = CertificateParams::new(vec![
@@ -92,4 +98,50 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
         std::fs::write(path, pem).map_err(io(format!("writing {}", path.display())))?;
     }
     Ok(files)
+}
+
+/// A CA, a serving certificate for 127.0.0.1 and localhost, and a client certificate, both
+/// signed by that CA: PEM for files and Secrets, DER for a client in this process.
+pub struct TlsMaterial {
+    pub ca_pem: String,
+    pub serving_cert_pem: String,
+    pub serving_key_pem: String,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+    pub ca_der: CertificateDer<'static>,
+    pub client_cert_der: CertificateDer<'static>,
+    pub client_key_der: PrivatePkcs8KeyDer<'static>,
+}
+
+/// Generates a [`TlsMaterial`] under a CA of its own.
+pub fn tls_material(name: &str) -> Result<TlsMaterial> {
+    let (ca_cert, ca) = certificate_authority(&format!("{name}-ca"))?;
+
+    let serving_key = KeyPair::generate()?;
+    let mut serving = CertificateParams::new(vec!["localhost".to_string()])?;
+    serving
+        .subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    serving.distinguished_name.push(DnType::CommonName, name);
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_cert = serving.signed_by(&serving_key, &ca)?;
+
+    let client_key = KeyPair::generate()?;
+    let mut client = CertificateParams::new(Vec::<String>::new())?;
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "lanepool-operator");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = client.signed_by(&client_key, &ca)?;
+
+    Ok(TlsMaterial {
+        ca_pem: ca_cert.pem(),
+        serving_cert_pem: serving_cert.pem(),
+        serving_key_pem: serving_key.serialize_pem(),
+        client_cert_pem: client_cert.pem(),
+        client_key_pem: client_key.serialize_pem(),
+        ca_der: ca_cert.der().clone(),
+        client_cert_der: client_cert.der().clone(),
+        client_key_der: PrivatePkcs8KeyDer::from(client_key.serialize_der()),
+    })
 }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 pub use control_plane::{ControlPlane, Controllers, shared, shared_with, unique_name};
 pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
-pub use prometheus::{TestPrometheus, http_get};
+pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};
 pub use readiness::DeploymentReadiness;
 pub use worker_metrics::{SimulatedWorkers, serve_metrics};
 
