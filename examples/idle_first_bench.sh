@@ -25,17 +25,18 @@ profile=0s=30,20s=150,45s=30,80s=150,105s=30,140s=150
 duration=${DURATION:-155}
 
 summary() {
-  printf '%-10s %-6s %-6s %5s %9s %14s %14s %12s %10s %14s\n' regime idle series runs "cut short" \
-    "per run" "Pods stopped" "SIGTERM→gone" "max" "idle at rank" "growth"
+  printf '%-10s %-6s %-6s %5s %9s %14s %14s %12s %10s %14s %10s  %s\n' regime idle series runs "cut short" \
+    "per run" "Pods stopped" "SIGTERM→gone" "max" "idle at rank" "growth" "shared busy %"
   for file in "$out"/*.txt; do
     base=$(basename "$file" .txt) # regime-idle-mode-label-n
     IFS=- read -r regime _ mode series _ <<<"$base"
     awk -v key="$regime $mode $series" '
       /^shared .* Pods stopped/ {
-        n = $2; mean = $8; sub(/,/, "", mean); max = $11; sub(/;/, "", max)
+        n = $2; mean = $9; max = $12
         print key, "stopped", n, n * mean, max
       }
       /^jobs cut short/ { print key, "cut", $NF }
+      /^shared workers busy/ { print key, "busy", $4 }
       /^before shrinking jobs-shared/ { print key, "idle", $4 - $6 }
       /^reserve growth/ { t = $(NF - 4); sub(/,/, "", t); print key, "growth", $(NF - 7), $(NF - 7) * t }
     ' "$file"
@@ -45,15 +46,16 @@ summary() {
     $4 == "cut" { cut[key] += $5; list[key] = list[key] (list[key] == "" ? "" : "+") $5
                   if (!(key in lo) || $5 < lo[key]) lo[key] = $5; if ($5 > hi[key]) hi[key] = $5 }
     $4 == "idle" { ranks[key]++; idle[key] += $5 }
+    $4 == "busy" { busy[key] = busy[key] (busy[key] == "" ? "" : "/") $5 }
     $4 == "growth" { grows[key] += $5; growth[key] += $6 }
     END {
       for (key in keys) {
         split(key, k, " ")
-        printf "%-10s %-6s %-6s %5d %9d %14s %14d %10.2f s %8.2f s %14s %10s\n", k[1], k[2], k[3],
+        printf "%-10s %-6s %-6s %5d %9d %14s %14d %10.2f s %8.2f s %14s %10s  %s\n", k[1], k[2], k[3],
           runs[key], cut[key], sprintf("%.1f (%s)", cut[key] / runs[key], list[key]), pods[key],
           pods[key] ? term[key] / pods[key] : 0, max[key],
           ranks[key] ? sprintf("%.1f of %d", idle[key] / ranks[key], ranks[key]) : "-",
-          grows[key] ? sprintf("%.2f s", growth[key] / grows[key]) : "-"
+          grows[key] ? sprintf("%.2f s", growth[key] / grows[key]) : "-", busy[key]
       }
     }' | sort
 }
