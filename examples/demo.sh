@@ -29,13 +29,19 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "setting up (the first run builds Kubernetes and Prometheus tools: several minutes)"
 ./tests/setup.sh
-# DEMO_PROFILE=debug skips the release build (the workers' timings barely change).
+# DEMO_PROFILE=debug skips the release build (the workers' timings barely change). DEMO_BIN runs
+# binaries built before (a directory laid out as target/release: lanepool, lanepool-testenv,
+# examples/), so a series of runs keeps one build while the sources change.
 profile_dir=${DEMO_PROFILE:-release}
 profile_flag=--release
 [ "$profile_dir" = release ] || profile_flag=""
-cargo build -q $profile_flag -p lanepool -p lanepool-testenv --bins \
-  --example lane_queue --example lane_worker --example local_kubelet
-bin=${CARGO_TARGET_DIR:-target}/$profile_dir
+if [ -n "${DEMO_BIN:-}" ]; then
+  bin=$DEMO_BIN
+else
+  cargo build -q $profile_flag -p lanepool -p lanepool-testenv --bins \
+    --example lane_queue --example lane_worker --example local_kubelet
+  bin=${CARGO_TARGET_DIR:-target}/$profile_dir
+fi
 kubectl=target/tools/kubectl
 
 # Stopped in this order on exit, Ctrl-C included: the kubelet first (its workers finish their
@@ -152,8 +158,26 @@ for role in shared urgent-reserved; do
            role, n, n ? t / n : 0, max, waited, killed }'
 done
 echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
+shared_busy='lanepool_worker_busy{namespace="demo",pool="jobs",pod=~"jobs-shared-.*"}'
+echo "shared workers busy: $(promql "avg_over_time((sum($shared_busy) / count($shared_busy))[${duration}s:1s]) * 100") % of the time"
+# The reserve's growth, from the operator's log: from its write of a larger reserved Deployment
+# to the step that found the new workers ready (the surge's shrink of the shared Deployment, or
+# the ranking of its Pods just before it, which starts only then).
+sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
+  function secs(ts, hms) { split(substr(ts, 12, 15), hms, ":"); return hms[1] * 3600 + hms[2] * 60 + hms[3] }
+  /scaled deployment=jobs-urgent-reserved from=Some\(/ {
+    from = $0; sub(/.*from=Some\(/, "", from); sub(/\).*/, "", from)
+    to = $0; sub(/.* to=/, "", to); sub(/[^0-9].*/, "", to)
+    if (to + 0 > from + 0) grew = secs($1)
+  }
+  grew && /Pods ranked before the shrink/ { ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms); t = secs($1) - ms / 1000 }
+  grew && /scaled deployment=jobs-shared from=/ {
+    if (!t) t = secs($1); d = t - grew; n++; sum += d; if (d > max) max = d; grew = 0; t = 0
+  }
+  END { printf "reserve growth, its write to its workers ready: %d times, mean %.2f s, max %.2f s\n", n, n ? sum / n : 0, max }'
 sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | sed -nE \
-  's/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy, \4 annotated, in \5 ms/p' || true
+  's/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+) answered=([0-9]+) ending_within_grace=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy (\7 of them expected to end within the grace period), \4 annotated, in \5 ms; \6 answered themselves/p
+  s/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+)$/before shrinking \1: \2 Pods, \3 busy, \4 annotated, in \5 ms/p' || true
 
 say "kubectl get lanepools,deployments,pods -n demo"
 "$kubectl" -n demo get lanepools,deployments,pods

@@ -22,10 +22,13 @@
 //! between reserved and shared at any time without losing or repeating a job.
 //!
 //! The queue it talks to counts submissions, waits and job times per lane (the README's metric
-//! convention). The worker itself exports one gauge, when `LANEPOOL_METRICS_ADDR` (such as
-//! `$(POD_IP):9100`) is set: `lanepool_worker_busy`, 1 (labelled with the job's `lane`) while
-//! it runs a job and 0 while it waits, on `/metrics`. The operator reads it by `pod` before shrinking a Deployment, so the
-//! ReplicaSet controller removes idle workers first. A worker that runs against a queue that
+//! convention). The worker itself exports two gauges on `/metrics`, when `LANEPOOL_METRICS_ADDR`
+//! (such as `$(POD_IP):9100`) is set: `lanepool_worker_busy`, 1 (labelled with the job's `lane`)
+//! while it runs a job and 0 while it waits, and `lanepool_worker_job_started_timestamp_seconds`,
+//! when the job in hand started (Unix time, same `lane`; absent while it waits). Before shrinking
+//! a Deployment the operator asks each of its Pods for them at the port named `metrics` (or
+//! Prometheus, by `pod`, for a Pod that does not answer), so the ReplicaSet controller removes
+//! idle workers first, then those whose jobs should end soonest. A worker that runs against a queue that
 //! cannot count (SQS, Redis lists…) would export `lanepool_job_duration_seconds` itself too and
 //! leave the submission count and queue depth to the producer and the queue.
 //!
@@ -166,8 +169,8 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The lane of the job in hand; `None` while waiting for one.
-    let busy: Arc<Mutex<Option<String>>> = Arc::default();
+    // The lane of the job in hand and when it started (Unix seconds); `None` while waiting.
+    let busy: Arc<Mutex<Option<(String, f64)>>> = Arc::default();
     if let Ok(addr) = std::env::var(METRICS_ADDR_ENV)
         && !addr.is_empty()
     {
@@ -237,7 +240,10 @@ async fn main() -> ExitCode {
 
         // Run the job to its end, even if SIGTERM arrives meanwhile: no preemption. A real
         // worker does its work here; the demo's jobs only take time.
-        *lock(&busy) = Some(job.lane.clone());
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        *lock(&busy) = Some((job.lane.clone(), since_epoch.as_secs_f64()));
         let started = Instant::now();
         tokio::time::sleep(Duration::from_millis(job.job_ms)).await;
         let seconds = started.elapsed().as_secs_f64();
@@ -268,9 +274,10 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Serves `lanepool_worker_busy` on every request: the pod's namespace, pool and name come from
-/// Prometheus's target labels, not from the worker.
-async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<Mutex<Option<String>>>) {
+/// Serves `lanepool_worker_busy` and `lanepool_worker_job_started_timestamp_seconds` on every
+/// request: the pod's namespace, pool and name come from Prometheus's target labels (or, to the
+/// operator asking the Pod itself, from the Pod), not from the worker.
+async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<Mutex<Option<(String, f64)>>>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
@@ -279,13 +286,22 @@ async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<Mutex<Option
         tokio::spawn(async move {
             let mut request = [0u8; 1024];
             let _ = stream.read(&mut request).await;
-            let sample = match &*lock(&busy) {
-                Some(lane) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
+            let busy = lock(&busy).clone();
+            let sample = match &busy {
+                Some((lane, _)) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
                 None => "lanepool_worker_busy 0".to_string(),
+            };
+            let started = match &busy {
+                Some((lane, at)) => format!(
+                    "lanepool_worker_job_started_timestamp_seconds{{lane=\"{lane}\"}} {at:.3}\n"
+                ),
+                None => String::new(),
             };
             let body = format!(
                 "# HELP lanepool_worker_busy 1 while the worker runs a job (of lane), 0 while it waits\n\
-                 # TYPE lanepool_worker_busy gauge\n{sample}\n"
+                 # TYPE lanepool_worker_busy gauge\n{sample}\n\
+                 # HELP lanepool_worker_job_started_timestamp_seconds When the job in hand started\n\
+                 # TYPE lanepool_worker_job_started_timestamp_seconds gauge\n{started}"
             );
             let response = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\

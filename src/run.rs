@@ -107,8 +107,10 @@ pub struct RunArgs {
 
     /// Before a Deployment shrinks, annotate its Pods with
     /// `controller.kubernetes.io/pod-deletion-cost` from the workers' `lanepool_worker_busy`
-    /// gauge, so the ReplicaSet controller removes idle workers before busy ones (pods `list`
-    /// and `patch`); false leaves the choice to the ReplicaSet controller alone.
+    /// and `lanepool_worker_job_started_timestamp_seconds` gauges (asked of each Pod at its
+    /// port named `metrics`, else of Prometheus), so the ReplicaSet controller removes idle
+    /// workers first, then those whose jobs should end soonest (pods `list` and `patch`); false
+    /// leaves the choice to the ReplicaSet controller alone.
     #[arg(long, env = "LANEPOOL_IDLE_WORKERS_FIRST", default_value_t = true, action = clap::ArgAction::Set)]
     pub idle_workers_first: bool,
 }

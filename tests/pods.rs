@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
 use lanepool::controller::{BUSY_COST, DELETION_COST, GRACE_PERIOD_TOO_SHORT};
@@ -98,6 +98,35 @@ impl World {
             .collect()
     }
 
+    /// Gives `pod` an address of its own on the loopback (as a kubelet gives it its IP) where
+    /// its worker answers `/metrics` with `gauges`, for the rest of the test process.
+    async fn answers_itself(&self, pod: &str, gauges: &'static str) {
+        use std::io::{Read, Write};
+        let listener = (0..20)
+            .find_map(|_| {
+                let [a, b, c, _] = rand_bytes();
+                std::net::TcpListener::bind((format!("127.{a}.{b}.{}", c | 1), OWN_METRICS_PORT))
+                    .ok()
+            })
+            .expect("a free loopback address");
+        let ip = listener.local_addr().unwrap().ip().to_string();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let _ = stream.read(&mut [0u8; 1024]);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{gauges}",
+                    gauges.len()
+                );
+            }
+        });
+        let status = json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+
     async fn count<K>(&self) -> usize
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -125,6 +154,8 @@ where
 }
 
 const RESERVED: &str = "lanepool.dev/pool=jobs,lanepool.dev/role=reserved";
+/// The container port named `metrics` where a worker answers for itself.
+const OWN_METRICS_PORT: u16 = 9100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_lanepool_deletes_its_deployments_replicasets_and_pods() {
@@ -158,11 +189,22 @@ async fn deleting_a_lanepool_deletes_its_deployments_replicasets_and_pods() {
 
 /// Grows the reserve from 2 to 4 (the two newer Pods a second younger, so the ReplicaSet
 /// controller, left to itself, would remove them first), marks those two busy, and shrinks the
-/// reserve back to 2: which Pods are left.
-async fn shrink_with_the_newest_pods_busy(world: &World) -> (BTreeSet<String>, BTreeSet<String>) {
+/// reserve back to 2: which Pods are left. With `own_answers`, one new and one old Pod get an
+/// address where they answer for themselves (the new one busy, the old one idle) while
+/// Prometheus, a scrape behind, says the opposite of both; the other two are known to
+/// Prometheus alone (the new one busy, the old one idle).
+async fn shrink_with_the_newest_pods_busy(
+    world: &World,
+    own_answers: bool,
+) -> (BTreeSet<String>, BTreeSet<String>) {
     // 50/s × 20 ms × 1.5 = 1.5 → 2 reserved.
     world.urgent(50.0);
-    world.apply_pool().await;
+    world
+        .apply_pool_with(|spec| {
+            spec["template"]["spec"]["containers"][0]["ports"] =
+                json!([{"name": "metrics", "containerPort": OWN_METRICS_PORT}]);
+        })
+        .await;
     until(60, "two reserved Pods", || async {
         world.pods(RESERVED).await.len() == 2
     })
@@ -195,6 +237,13 @@ async fn shrink_with_the_newest_pods_busy(world: &World) -> (BTreeSet<String>, B
     for pod in &busy {
         world.workers.set_busy(&world.namespace, "jobs", pod, true);
     }
+    if own_answers {
+        let (new, old) = (busy.first().unwrap(), older.first().unwrap());
+        world.answers_itself(new, "lanepool_worker_busy 1\n").await;
+        world.answers_itself(old, "lanepool_worker_busy 0\n").await;
+        world.workers.set_busy(&world.namespace, "jobs", new, false);
+        world.workers.set_busy(&world.namespace, "jobs", old, true);
+    }
     // Prometheus scrapes every second: let it see the gauges before the rate drops.
     tokio::time::sleep(Duration::from_secs(2)).await;
     world.urgent(50.0);
@@ -213,8 +262,9 @@ async fn shrink_with_the_newest_pods_busy(world: &World) -> (BTreeSet<String>, B
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shrinking_deployment_loses_its_idle_workers_and_keeps_the_busy_ones() {
+    // Two of the four Pods answer for themselves, and their answers beat Prometheus's.
     let world = World::start("idle-first", true).await;
-    let (busy, left) = shrink_with_the_newest_pods_busy(&world).await;
+    let (busy, left) = shrink_with_the_newest_pods_busy(&world, true).await;
     assert_eq!(left, busy, "the busy workers stay, the idle ones go");
     for pod in world.pods(RESERVED).await {
         assert_eq!(
@@ -231,7 +281,7 @@ async fn without_idle_first_the_replicaset_removes_the_newest_workers_busy_or_no
     // The premise of the test above: left to itself, the ReplicaSet controller takes the
     // youngest Pods, here the busy ones, and nothing is annotated.
     let world = World::start("newest-first", false).await;
-    let (busy, left) = shrink_with_the_newest_pods_busy(&world).await;
+    let (busy, left) = shrink_with_the_newest_pods_busy(&world, false).await;
     assert!(left.is_disjoint(&busy), "left {left:?}, busy {busy:?}");
     for pod in world.pods(RESERVED).await {
         assert_eq!(pod.annotations().get(DELETION_COST), None);
@@ -295,4 +345,10 @@ async fn a_grace_period_shorter_than_a_lanes_job_time_is_a_condition_and_a_warni
         condition().await.is_some_and(|c| c.status == "False")
     })
     .await;
+}
+
+/// Four bytes that differ from one call to the next (no random-number crate needed).
+fn rand_bytes() -> [u8; 4] {
+    use std::hash::{BuildHasher, RandomState};
+    (RandomState::new().hash_one(std::time::SystemTime::now()) as u32).to_le_bytes()
 }

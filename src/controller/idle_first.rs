@@ -1,11 +1,16 @@
 //! Idle workers go first: just before a Deployment shrinks, its Pods get the annotation
-//! `controller.kubernetes.io/pod-deletion-cost` from whether each is running a job (the workers'
-//! `lanepool_worker_busy` gauge, by `pod` and the `lane` of the job in hand, in the pool's
-//! Prometheus), so the ReplicaSet controller removes idle workers first, then those on the
-//! lanes with the shortest jobs. Only Pods of a Deployment about to shrink are read or written,
-//! and only those whose cost changes; a failure here never holds a shrink back.
+//! `controller.kubernetes.io/pod-deletion-cost` from what each worker is doing, so the ReplicaSet
+//! controller removes idle workers first, then those whose jobs should end soonest. Each Pod is
+//! asked itself, at its container port named `metrics` (the freshest answer: a scrape is up to a
+//! scrape interval old, longer than many jobs); a Pod that does not answer in time is read from
+//! the pool's Prometheus instead. Both give the workers' `lanepool_worker_busy` gauge (by `pod`
+//! and the `lane` of the job in hand) and `lanepool_worker_job_started_timestamp_seconds`. Only
+//! Pods of a Deployment about to shrink are read or written, and only those whose cost changes;
+//! a failure here never holds a shrink back.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -22,36 +27,52 @@ use crate::prometheus::Connection;
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// The gauge a worker sets to 1 while it runs a job and to 0 while it waits for one.
 pub const BUSY_METRIC: &str = "lanepool_worker_busy";
+/// The gauge a worker sets, while it runs a job, to when that job started (Unix seconds).
+pub const STARTED_METRIC: &str = "lanepool_worker_job_started_timestamp_seconds";
 /// A worker running a job of a lane whose job time is not known (or that names no lane); one
-/// on a lane with a measured mean job time costs 1 + that time in milliseconds instead.
+/// on a lane with a measured mean job time costs 1 + the time its job has left in milliseconds.
 pub const BUSY_COST: i32 = 1000;
 /// The highest cost: a lane's jobs of 11 days and more all cost the same.
 const MAX_COST: i32 = 1_000_000_000;
-/// A worker waiting for a job, or one Prometheus does not know yet (just started, not scraped).
+/// A worker waiting for a job, or one whose work is not known (just started, not scraped).
 pub const IDLE_COST: i32 = 0;
+/// The container port a worker serves its gauges on, as Prometheus scrapes them.
+pub const METRICS_PORT: &str = "metrics";
 
 /// Most Pod patches in flight at once for one Deployment.
 const PATCHES_IN_FLIGHT: usize = 8;
+/// Most Pods asked at once, and how long one may take to answer before Prometheus is asked.
+const ASKS_IN_FLIGHT: usize = 32;
+const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// What a worker reports: idle, or busy with a job of a lane (`None`: it names none).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a worker reports: idle, or busy with a job of a lane (`None`: it names none) that
+/// started at `started` (Unix seconds; `None`: not reported).
+#[derive(Clone, Debug, PartialEq)]
 pub enum Work {
     Idle,
-    Busy { lane: Option<String> },
+    Busy {
+        lane: Option<String>,
+        started: Option<f64>,
+    },
 }
 
-/// Each worker's work, by pod name, from the gauge's answer (labels, value). A series without
-/// a `pod` label, or a value that is not finite, says nothing; of two series of one pod (the
-/// lane changed between scrapes), a busy one wins.
-pub fn busy_pods(answer: &[(BTreeMap<String, String>, f64)]) -> HashMap<String, Work> {
+/// One series of an answer: its labels and value.
+pub type Sample = (BTreeMap<String, String>, f64);
+
+/// Each worker's work, by pod name, from the busy gauge's series and the job-start gauge's. A
+/// series without a `pod` label, or a value that is not finite, says nothing; of two busy
+/// series of one pod (the lane changed between scrapes), a busy one wins; a start time joins
+/// the busy series of its pod and lane (the latest, if several).
+pub fn busy_pods(busy: &[Sample], started: &[Sample]) -> HashMap<String, Work> {
     let mut work: HashMap<String, Work> = HashMap::new();
-    for (labels, value) in answer.iter().filter(|(_, value)| value.is_finite()) {
+    for (labels, value) in busy.iter().filter(|(_, value)| value.is_finite()) {
         let Some(pod) = labels.get("pod") else {
             continue;
         };
         let this = if *value > 0.0 {
             Work::Busy {
-                lane: labels.get("lane").filter(|l| !l.is_empty()).cloned(),
+                lane: lane_of(labels),
+                started: None,
             }
         } else {
             Work::Idle
@@ -60,21 +81,52 @@ pub fn busy_pods(answer: &[(BTreeMap<String, String>, f64)]) -> HashMap<String, 
             work.insert(pod.clone(), this);
         }
     }
+    for (labels, value) in started.iter().filter(|(_, value)| value.is_finite()) {
+        let Some(Work::Busy { lane, started }) = labels.get("pod").and_then(|p| work.get_mut(p))
+        else {
+            continue;
+        };
+        if *lane == lane_of(labels) && started.is_none_or(|s| s < *value) {
+            *started = Some(*value);
+        }
+    }
     work
 }
 
-/// A worker's deletion cost: [`IDLE_COST`] idle or unknown; busy, 1 + the mean job time of its
-/// lane in milliseconds (so a worker 20 ms from done goes before one on a 3 s job), or
-/// [`BUSY_COST`] when that time is not known.
-pub fn cost(work: Option<&Work>, job_seconds: &BTreeMap<String, f64>) -> i32 {
+fn lane_of(labels: &BTreeMap<String, String>) -> Option<String> {
+    labels.get("lane").filter(|l| !l.is_empty()).cloned()
+}
+
+/// How long a busy worker's job should still run, in seconds: its lane's mean job time less
+/// the time since it started (0 once past the mean), or the whole mean when its start is not
+/// known. `None`: idle or unknown, or its lane's job time is not known.
+pub fn expected_left(
+    work: Option<&Work>,
+    job_seconds: &BTreeMap<String, f64>,
+    now: f64,
+) -> Option<f64> {
+    let Some(Work::Busy { lane, started }) = work else {
+        return None;
+    };
+    let mean = lane
+        .as_ref()
+        .and_then(|lane| job_seconds.get(lane))
+        .filter(|s| s.is_finite() && **s >= 0.0)?;
+    let ran = started
+        .filter(|s| s.is_finite())
+        .map_or(0.0, |s| (now - s).max(0.0));
+    Some((mean - ran).max(0.0))
+}
+
+/// A worker's deletion cost: [`IDLE_COST`] idle or unknown; busy, 1 + the time its job should
+/// still run in milliseconds (see [`expected_left`]: a worker 20 ms from done goes before one
+/// 3 s from done), or [`BUSY_COST`] when its lane's job time is not known.
+pub fn cost(work: Option<&Work>, job_seconds: &BTreeMap<String, f64>, now: f64) -> i32 {
     match work {
         None | Some(Work::Idle) => IDLE_COST,
-        Some(Work::Busy { lane }) => lane
-            .as_ref()
-            .and_then(|lane| job_seconds.get(lane))
-            .filter(|s| s.is_finite() && **s >= 0.0)
-            .map_or(BUSY_COST, |seconds| {
-                (1.0 + seconds * 1000.0).min(f64::from(MAX_COST)) as i32
+        Some(Work::Busy { .. }) => expected_left(work, job_seconds, now)
+            .map_or(BUSY_COST, |left| {
+                (1.0 + left * 1000.0).min(f64::from(MAX_COST)) as i32
             }),
     }
 }
@@ -85,12 +137,13 @@ pub fn cost_changes(
     pods: &[(String, Option<String>)],
     work: &HashMap<String, Work>,
     job_seconds: &BTreeMap<String, f64>,
+    now: f64,
 ) -> Vec<(String, i32)> {
     pods.iter()
-        .filter_map(|(name, now)| {
-            let cost = cost(work.get(name), job_seconds);
-            let unchanged = now.as_deref().and_then(|v| v.parse::<i32>().ok()) == Some(cost)
-                || (now.is_none() && cost == IDLE_COST);
+        .filter_map(|(name, current)| {
+            let cost = cost(work.get(name), job_seconds, now);
+            let unchanged = current.as_deref().and_then(|v| v.parse::<i32>().ok()) == Some(cost)
+                || (current.is_none() && cost == IDLE_COST);
             (!unchanged).then(|| (name.clone(), cost))
         })
         .collect()
@@ -104,6 +157,191 @@ pub fn busy_query(namespace: &str, pool: &str) -> String {
     )
 }
 
+/// The PromQL for a pool's job start times, by pod and lane.
+pub fn started_query(namespace: &str, pool: &str) -> String {
+    format!(
+        "max by (pod, lane) ({STARTED_METRIC}{{namespace={:?},pool={:?}}})",
+        namespace, pool
+    )
+}
+
+/// Where a Pod serves its gauges: `ip:port` of its container port named [`METRICS_PORT`].
+pub fn metrics_address(pod: &Pod) -> Option<String> {
+    let ip = pod
+        .status
+        .as_ref()?
+        .pod_ip
+        .as_deref()
+        .filter(|ip| !ip.is_empty())?;
+    let port = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(METRICS_PORT))?
+        .container_port;
+    Some(if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    })
+}
+
+/// The busy and job-start series of a worker's `/metrics` text (the Prometheus text format),
+/// each labelled `pod` as Prometheus would label them.
+pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Sample>, Vec<Sample>) {
+    let (mut busy, mut started) = (Vec::new(), Vec::new());
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((name, mut labels, rest)) = parse_sample_line(line) else {
+            continue;
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        labels.insert("pod".into(), pod.into());
+        match name {
+            BUSY_METRIC => busy.push((labels, value)),
+            STARTED_METRIC => started.push((labels, value)),
+            _ => {}
+        }
+    }
+    (busy, started)
+}
+
+/// `name{label="value",…} rest` → (name, labels, rest); `None` if it is not such a line.
+fn parse_sample_line(line: &str) -> Option<(&str, BTreeMap<String, String>, &str)> {
+    let end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let (name, mut rest) = line.split_at(end);
+    let mut labels = BTreeMap::new();
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices().peekable();
+        loop {
+            // A label name, `=`, a quoted value with \\ \" \n escapes; then `,` or `}`.
+            while chars
+                .next_if(|(_, c)| *c == ',' || c.is_whitespace())
+                .is_some()
+            {}
+            let (start, c) = chars.next()?;
+            if c == '}' {
+                rest = &inner[start + 1..];
+                break;
+            }
+            let mut key = String::from(c);
+            while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=') {
+                key.push(c);
+            }
+            chars.next()?; // '='
+            if chars.next()?.1 != '"' {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '"' => break,
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        other => value.push(other),
+                    },
+                    other => value.push(other),
+                }
+            }
+            labels.insert(key.trim().to_string(), value);
+        }
+    }
+    Some((name, labels, rest))
+}
+
+/// The client the Pods are asked with: plain HTTP, never through a proxy, short timeouts.
+fn workers_http() -> Option<&'static reqwest::Client> {
+    static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .connect_timeout(ASK_TIMEOUT)
+                .timeout(ASK_TIMEOUT)
+                .build()
+                .map_err(|error| warn!(%error, "no HTTP client to ask workers: Prometheus only"))
+                .ok()
+        })
+        .as_ref()
+}
+
+/// Asks each Pod that has a metrics port for its gauges; the answers, by pod name.
+async fn ask_workers(pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
+    let Some(http) = workers_http() else {
+        return Default::default();
+    };
+    let targets: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|pod| Some((pod.name_any(), metrics_address(pod)?)))
+        .collect();
+    let answers: Vec<(Vec<Sample>, Vec<Sample>)> = futures::stream::iter(targets)
+        .map(|(name, address)| async move {
+            let answer = async {
+                let response = http
+                    .get(format!("http://{address}/metrics"))
+                    .send()
+                    .await?
+                    .error_for_status()?;
+                response.text().await
+            }
+            .await;
+            match answer {
+                Ok(text) => parse_gauges(&text, &name),
+                Err(error) => {
+                    debug!(pod = %name, %address, %error, "worker not asked: Prometheus instead");
+                    Default::default()
+                }
+            }
+        })
+        .buffer_unordered(ASKS_IN_FLIGHT)
+        .collect()
+        .await;
+    answers
+        .into_iter()
+        .fold(Default::default(), |(mut busy, mut started), (b, s)| {
+            busy.extend(b);
+            started.extend(s);
+            (busy, started)
+        })
+}
+
+/// The pool's gauges from Prometheus (`None`: not reachable).
+async fn ask_prometheus(
+    ctx: &Context,
+    connection: Option<&Connection>,
+    namespace: &str,
+    pool: &str,
+    deployment: &str,
+) -> Option<(Vec<Sample>, Vec<Sample>)> {
+    let connection = connection?;
+    let client = ctx
+        .prometheus
+        .get(connection)
+        .map_err(|error| warn!(deployment, %error, "Prometheus not asked for busy workers"))
+        .ok()?;
+    let (busy_promql, started_promql) =
+        (busy_query(namespace, pool), started_query(namespace, pool));
+    let (busy, started) = futures::join!(
+        client.query_labelled(&busy_promql),
+        client.query_labelled(&started_promql),
+    );
+    let busy = busy
+        .map_err(|error| warn!(deployment, %error, "Prometheus not asked for busy workers"))
+        .ok()?;
+    // Workers that export no start times are ranked by their lanes' whole job times.
+    Some((busy, started.unwrap_or_default()))
+}
+
 /// Ranks the Pods selected by `selector` (one Deployment's) for deletion. Logs and gives up on
 /// any failure: the shrink goes ahead either way, as it would without this step.
 pub(super) async fn rank_before_shrink(
@@ -115,15 +353,11 @@ pub(super) async fn rank_before_shrink(
 ) {
     let started = std::time::Instant::now();
     let namespace = pool.namespace().unwrap_or_default();
-    let Some(connection) = connection else {
-        debug!(deployment, "no Prometheus connection yet: Pods not ranked");
-        return;
-    };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let listed = ctx
         .read(
             format!("listing the Pods of Deployment {deployment}"),
-            pods.list_metadata(&ListParams::default().labels(selector)),
+            pods.list(&ListParams::default().labels(selector)),
         )
         .await;
     let listed = match listed {
@@ -133,39 +367,56 @@ pub(super) async fn rank_before_shrink(
             return;
         }
     };
-    let live: Vec<(String, Option<String>)> = listed
+    let live: Vec<&Pod> = listed
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| (p.name_any(), p.annotations().get(DELETION_COST).cloned()))
         .collect();
     if live.is_empty() {
         return;
     }
-    let client = match ctx.prometheus.get(connection) {
-        Ok(client) => client,
-        Err(error) => {
-            warn!(deployment, %error, "Pods not ranked before the shrink");
-            return;
+    // Each worker asked now, and Prometheus (a scrape old) only for those that did not answer.
+    let (busy, job_started) = ask_workers(&live).await;
+    let mut work = busy_pods(&busy, &job_started);
+    let answered = work.len();
+    if live.iter().any(|p| !work.contains_key(&p.name_any())) {
+        match ask_prometheus(ctx, connection, &namespace, &pool.name_any(), deployment).await {
+            Some((busy, job_started)) => {
+                for (pod, scraped) in busy_pods(&busy, &job_started) {
+                    work.entry(pod).or_insert(scraped);
+                }
+            }
+            None if answered == 0 => {
+                warn!(
+                    deployment,
+                    "Pods not ranked before the shrink: no worker answered"
+                );
+                return;
+            }
+            None => {}
         }
-    };
-    let answer = match client
-        .query_labelled(&busy_query(&namespace, &pool.name_any()))
-        .await
-    {
-        Ok(answer) => answer,
-        Err(error) => {
-            warn!(deployment, %error, "Pods not ranked before the shrink");
-            return;
-        }
-    };
-    let work = busy_pods(&answer);
+    }
     // Every lane's mean job time, from the shared job-time query the reserve lanes already ask.
     let job_seconds =
-        super::grace::served_job_seconds(pool, ctx, Some(connection), &Default::default()).await;
-    let changes = cost_changes(&live, &work, &job_seconds);
-    let busy_count = live
+        super::grace::served_job_seconds(pool, ctx, connection, &Default::default()).await;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let names: Vec<(String, Option<String>)> = live
+        .iter()
+        .map(|p| (p.name_any(), p.annotations().get(DELETION_COST).cloned()))
+        .collect();
+    let changes = cost_changes(&names, &work, &job_seconds, now);
+    let busy_count = names
         .iter()
         .filter(|(name, _)| matches!(work.get(name), Some(Work::Busy { .. })))
+        .count();
+    let grace = super::grace::grace_seconds(pool) as f64;
+    let ending = names
+        .iter()
+        .filter(|(name, _)| {
+            expected_left(work.get(name), &job_seconds, now).is_some_and(|left| left <= grace)
+        })
         .count();
     let params = PatchParams::default();
     let patched = futures::stream::iter(changes)
@@ -197,6 +448,8 @@ pub(super) async fn rank_before_shrink(
         busy = busy_count,
         patched,
         ms = started.elapsed().as_millis() as u64,
+        answered,
+        ending_within_grace = ending,
         "Pods ranked before the shrink: idle workers go first"
     );
 }
@@ -205,7 +458,7 @@ pub(super) async fn rank_before_shrink(
 mod tests {
     use super::*;
 
-    fn series(pod: &str, lane: &str, value: f64) -> (BTreeMap<String, String>, f64) {
+    fn series(pod: &str, lane: &str, value: f64) -> Sample {
         let mut labels = BTreeMap::from([("pod".to_string(), pod.to_string())]);
         if !lane.is_empty() {
             labels.insert("lane".into(), lane.into());
@@ -213,21 +466,26 @@ mod tests {
         (labels, value)
     }
 
+    const NOW: f64 = 1_800_000_000.0;
+
     #[test]
     fn idle_workers_cost_least_and_busy_ones_by_their_lanes_job_time() {
-        let work = busy_pods(&[
-            series("batch", "batch", 1.0),
-            series("urgent", "urgent", 1.0),
-            series("nameless", "", 1.0),
-            series("idle", "", 0.0),
-            series("nan", "", f64::NAN),
-            // The lane changed between scrapes: the busy series wins.
-            series("moved", "", 0.0),
-            series("moved", "batch", 1.0),
-        ]);
+        let work = busy_pods(
+            &[
+                series("batch", "batch", 1.0),
+                series("urgent", "urgent", 1.0),
+                series("nameless", "", 1.0),
+                series("idle", "", 0.0),
+                series("nan", "", f64::NAN),
+                // The lane changed between scrapes: the busy series wins.
+                series("moved", "", 0.0),
+                series("moved", "batch", 1.0),
+            ],
+            &[],
+        );
         assert_eq!(work.get("nan"), None, "NaN says nothing");
         let times = BTreeMap::from([("urgent".to_string(), 0.02), ("batch".to_string(), 3.0)]);
-        let cost_of = |pod: &str| cost(work.get(pod), &times);
+        let cost_of = |pod: &str| cost(work.get(pod), &times, NOW);
         assert_eq!(cost_of("idle"), IDLE_COST);
         assert_eq!(cost_of("nan"), IDLE_COST);
         assert_eq!(cost_of("urgent"), 21);
@@ -238,12 +496,60 @@ mod tests {
     }
 
     #[test]
+    fn busy_workers_go_by_the_time_their_jobs_have_left() {
+        let work = busy_pods(
+            &[
+                series("fresh", "batch", 1.0),
+                series("halfway", "batch", 1.0),
+                series("overdue", "batch", 1.0),
+                series("unstarted", "batch", 1.0),
+                series("other-lane", "batch", 1.0),
+                series("idle", "", 0.0),
+            ],
+            &[
+                series("fresh", "batch", NOW - 0.5),
+                // Two start times (a scrape before and after a new job): the latest counts.
+                series("halfway", "batch", NOW - 2.5),
+                series("halfway", "batch", NOW - 1.5),
+                series("overdue", "batch", NOW - 7.0),
+                // A start time of another lane's job belongs to another series.
+                series("other-lane", "urgent", NOW - 2.9),
+                // An idle worker's stale start time says nothing.
+                series("idle", "batch", NOW - 2.9),
+            ],
+        );
+        let times = BTreeMap::from([("batch".to_string(), 3.0)]);
+        let left = |pod: &str| expected_left(work.get(pod), &times, NOW);
+        assert_eq!(left("fresh"), Some(2.5));
+        assert_eq!(left("halfway"), Some(1.5));
+        assert_eq!(left("overdue"), Some(0.0));
+        assert_eq!(left("unstarted"), Some(3.0));
+        assert_eq!(left("other-lane"), Some(3.0));
+        assert_eq!(left("idle"), None);
+        let cost_of = |pod: &str| cost(work.get(pod), &times, NOW);
+        assert_eq!(cost_of("overdue"), 1);
+        assert_eq!(cost_of("halfway"), 1501);
+        assert!(cost_of("idle") < cost_of("overdue"));
+        assert!(cost_of("overdue") < cost_of("halfway"));
+        assert!(cost_of("halfway") < cost_of("fresh"));
+        assert!(cost_of("fresh") < cost_of("unstarted"));
+        // A clock behind the worker's: the job has run no time, never a negative one.
+        assert_eq!(
+            expected_left(work.get("fresh"), &times, NOW - 60.0),
+            Some(3.0)
+        );
+    }
+
+    #[test]
     fn only_changed_costs_are_written() {
-        let work = busy_pods(&[
-            series("a", "", 1.0),
-            series("b", "", 0.0),
-            series("e", "", 0.0),
-        ]);
+        let work = busy_pods(
+            &[
+                series("a", "", 1.0),
+                series("b", "", 0.0),
+                series("e", "", 0.0),
+            ],
+            &[],
+        );
         let pods = [
             ("a".to_string(), None),                        // busy, unmarked: write
             ("b".to_string(), Some(BUSY_COST.to_string())), // idle now: lower it
@@ -252,7 +558,7 @@ mod tests {
             ("e".to_string(), Some("0".to_string())),       // idle and marked so: leave
         ];
         assert_eq!(
-            cost_changes(&pods, &work, &BTreeMap::new()),
+            cost_changes(&pods, &work, &BTreeMap::new(), NOW),
             vec![
                 ("a".to_string(), BUSY_COST),
                 ("b".to_string(), IDLE_COST),
@@ -262,10 +568,59 @@ mod tests {
     }
 
     #[test]
-    fn the_busy_query_names_the_pool_and_groups_by_pod_and_lane() {
+    fn the_queries_name_the_pool_and_group_by_pod_and_lane() {
         assert_eq!(
             busy_query("team", "jobs"),
             r#"max by (pod, lane) (lanepool_worker_busy{namespace="team",pool="jobs"})"#
         );
+        assert_eq!(
+            started_query("team", "jobs"),
+            r#"max by (pod, lane) (lanepool_worker_job_started_timestamp_seconds{namespace="team",pool="jobs"})"#
+        );
+    }
+
+    #[test]
+    fn a_workers_own_answer_is_read_as_prometheus_would_label_it() {
+        let text = "# HELP lanepool_worker_busy 1 while the worker runs a job\n\
+                    # TYPE lanepool_worker_busy gauge\n\
+                    lanepool_worker_busy{lane=\"batch\"} 1\n\
+                    lanepool_worker_job_started_timestamp_seconds{lane=\"batch\",note=\"a \\\"q\\\", b}\"} 1800000000.250 1700000000000\n\
+                    lanepool_worker_busy_other 7\n\
+                    lanepool_worker_busy{broken 1\n";
+        let (busy, started) = parse_gauges(text, "jobs-shared-x");
+        assert_eq!(busy, vec![series("jobs-shared-x", "batch", 1.0)]);
+        let mut expected = series("jobs-shared-x", "batch", 1_800_000_000.25);
+        expected.0.insert("note".into(), "a \"q\", b}".into());
+        assert_eq!(started, vec![expected]);
+        let (busy, started) = parse_gauges("lanepool_worker_busy 0\n", "idle");
+        assert_eq!(busy, vec![series("idle", "", 0.0)]);
+        assert!(started.is_empty());
+        let work = busy_pods(&busy, &started);
+        assert_eq!(work.get("idle"), Some(&Work::Idle));
+    }
+
+    #[test]
+    fn a_pod_is_asked_at_its_metrics_port() {
+        let pod = |ip: &str, port_name: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [
+                    {"name": "side", "ports": [{"name": "http", "containerPort": 8080}]},
+                    {"name": "worker", "ports": [{"name": port_name, "containerPort": 9100}]},
+                ]},
+                "status": {"podIP": ip},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            metrics_address(&pod("10.1.2.3", "metrics")).as_deref(),
+            Some("10.1.2.3:9100")
+        );
+        assert_eq!(
+            metrics_address(&pod("fd00::5", "metrics")).as_deref(),
+            Some("[fd00::5]:9100")
+        );
+        assert_eq!(metrics_address(&pod("10.1.2.3", "prom")), None);
+        assert_eq!(metrics_address(&pod("", "metrics")), None);
     }
 }

@@ -1,9 +1,10 @@
 //! A real Prometheus (Debian's package) scraping given targets every second, and the worker Pods
-//! a process kubelet lists in its file_sd file ([`TestPrometheus::pod_targets`]), with its own
-//! data directory and port. It can be stopped and started again on the same port, so tests can prove
-//! what the operator does while Prometheus is down. [`TestPrometheus::start_guarded`] serves its
-//! API over TLS only, behind basic auth or client certificates, from Prometheus's own web config
-//! (`--web.config.file`), the way a managed Prometheus guards it.
+//! a process kubelet lists in its file_sd file ([`TestPrometheus::pod_targets`]) every 15 s, as
+//! a cluster's Prometheus commonly scrapes pods (`LANEPOOL_POD_SCRAPE_INTERVAL` changes it), with
+//! its own data directory and port. It can be stopped and started again on the same port, so tests
+//! can prove what the operator does while Prometheus is down. [`TestPrometheus::start_guarded`]
+//! serves its API over TLS only, behind basic auth or client certificates, from Prometheus's own
+//! web config (`--web.config.file`), the way a managed Prometheus guards it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -18,6 +19,10 @@ use super::{Result, TestEnvError, free_port, io};
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The file_sd file of worker Pods, in Prometheus's directory.
 const POD_TARGETS: &str = "pod-targets.json";
+/// How often the worker Pods are scraped, unless `LANEPOOL_POD_SCRAPE_INTERVAL` says otherwise: a
+/// common interval for a cluster's pod monitors (kube-prometheus uses 30 s), not the 1 s of the
+/// queue's metrics here, so what the operator reads of a Pod is as old as it would be there.
+const POD_SCRAPE_INTERVAL: &str = "15s";
 
 /// The username a [`Guard::BasicAuth`] Prometheus accepts.
 pub const BASIC_AUTH_USERNAME: &str = "lanepool";
@@ -164,9 +169,13 @@ impl TestPrometheus {
                 "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{extra}\
                  scrape_configs:\n- job_name: {job}\n  honor_labels: true\n  \
                  static_configs:\n  - targets: [{}]\n\
-                 - job_name: pods\n  file_sd_configs:\n  - files: [\"{}\"]\n    \
-                 refresh_interval: 1s\n",
+                 - job_name: pods\n  scrape_interval: {}\n  file_sd_configs:\n  \
+                 - files: [\"{}\"]\n    refresh_interval: 1s\n",
                 targets.join(", "),
+                std::env::var("LANEPOOL_POD_SCRAPE_INTERVAL")
+                    .ok()
+                    .filter(|i| !i.is_empty())
+                    .unwrap_or_else(|| POD_SCRAPE_INTERVAL.into()),
                 pod_targets.display()
             ),
         )
