@@ -237,8 +237,10 @@ mod tests {
                     shape.name
                 );
                 assert!(
-                    profile.steps.iter().all(|(at, r)| *at < 1200.0
-                        && (LOW..=HIGH).contains(r)),
+                    profile
+                        .steps
+                        .iter()
+                        .all(|(at, r)| *at < 1200.0 && (LOW..=HIGH).contains(r)),
                     "{}: {:?}",
                     shape.name,
                     profile.steps
@@ -251,6 +253,10 @@ mod tests {
 
     #[test]
     fn the_held_out_seeds_are_not_the_suites() {
-        assert!(SEEDS.iter().all(|s| !super::super::suite::SEEDS.contains(s)));
+        assert!(
+            SEEDS
+                .iter()
+                .all(|s| !super::super::suite::SEEDS.contains(s))
+        );
     }
 }

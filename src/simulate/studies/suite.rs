@@ -468,4 +468,3 @@ mod tests {
         assert_eq!(names.len(), shapes().len());
     }
 }
-
