@@ -282,6 +282,16 @@ pub const NOISE_SIGMAS: f64 = 2.0;
 /// The widest tolerance a noisy rate gets.
 pub const MOST_TOLERANCE: f64 = 0.5;
 
+/// Growth the long rate does not confirm waits for it: a reserve grows at most to what the long
+/// rate × this share asks. A new reserved worker serves about 40 s after a spike starts (samples
+/// 15 s old, a scrape interval, the next evaluation, a 10 s pod start) and stays as long after
+/// it ends, so growing for a spike the long window has barely seen takes batch throughput for a
+/// wait the spike is already over for. The long rate rises with the spike's length × height: a
+/// surge is confirmed within seconds of being seen, a 20 s spike to 5 × the rate only in part.
+/// On the suite, 1.5 lifts the worst seed from −3.5 % to −2.8 %; 1 costs the long surges more
+/// than it saves on spikes (mean +2.4 %), 2 confirms nearly everything.
+pub const CONFIRMING_SHARE: f64 = 1.5;
+
 /// A lane's reserve for one arrival rate, by its rule: (needed, its ceiling before the bounds).
 fn reserve_for(sizing: &PoolSizing, lane: &LaneSizing, arrival_rate: f64, job: f64) -> (f64, i32) {
     match lane.rule {
@@ -293,6 +303,25 @@ fn reserve_for(sizing: &PoolSizing, lane: &LaneSizing, arrival_rate: f64, job: f
             (f64::from(reserve), reserve)
         }
     }
+}
+
+/// The reserve growth is held to when the long rate does not confirm all of it (see
+/// [`CONFIRMING_SHARE`]), never below the current reserve; `None` when nothing is held back:
+/// no growth, no recent rate (the long rate already decides), or no current reserve.
+fn unconfirmed_growth(
+    sizing: &PoolSizing,
+    lane: &LaneSizing,
+    load: &LaneLoad,
+    current: Option<i32>,
+    ceiling: i32,
+) -> Option<i32> {
+    let current = current.filter(|c| ceiling > *c)?;
+    load.recent_arrival_rate?;
+    let job = load.job_seconds.unwrap_or(0.0);
+    let confirmed = reserve_for(sizing, lane, load.arrival_rate * CONFIRMING_SHARE, job)
+        .1
+        .max(current);
+    (confirmed < ceiling).then_some(confirmed)
 }
 
 /// What one measured lane leaves behind: the recommendations to remember and the decision.
@@ -342,6 +371,11 @@ fn measured(
             ceiling = toward;
         }
     }
+    let unconfirmed = unconfirmed_growth(sizing, lane, load, current, ceiling);
+    let wanted = ceiling;
+    if let Some(confirmed) = unconfirmed {
+        ceiling = confirmed;
+    }
     let recommended = ceiling.clamp(lane.min, lane.max);
     let capped = (ceiling > lane.max).then(|| {
         format!(
@@ -378,12 +412,24 @@ fn measured(
         ),
     };
     let mut explanation = format!("{} {arithmetic} → ", lane.name);
-    match tolerated {
-        Some(wanted) => explanation.push_str(&format!(
-            "{wanted}, within the {}% tolerance: {ceiling}",
+    let within = |asked: i32, to: i32| {
+        format!(
+            "{asked}, within the {}% tolerance: {to}",
             (tolerance * 100.0).round()
+        )
+    };
+    match (tolerated, unconfirmed) {
+        (Some(asked), Some(_)) => explanation.push_str(&format!(
+            "{}, unconfirmed by the {}/s long rate: {ceiling}",
+            within(asked, wanted),
+            trim(load.arrival_rate)
         )),
-        None => explanation.push_str(&ceiling.to_string()),
+        (Some(asked), None) => explanation.push_str(&within(asked, ceiling)),
+        (None, Some(_)) => explanation.push_str(&format!(
+            "{wanted}, unconfirmed by the {}/s long rate: {ceiling}",
+            trim(load.arrival_rate)
+        )),
+        (None, None) => explanation.push_str(&ceiling.to_string()),
     }
     if ceiling != recommended {
         let bound = if ceiling > lane.max { "max" } else { "min" };

@@ -10,8 +10,8 @@ mod settings;
 
 pub use answer::{Answer, lane_load, single_value};
 pub use decide::{
-    Decision, History, Inputs, LaneDecision, LaneLoad, MOST_TOLERANCE, NOISE_SIGMAS, Outage,
-    RecentRate, Recommendation, Replicas, TOLERANCE, decide,
+    CONFIRMING_SHARE, Decision, History, Inputs, LaneDecision, LaneLoad, MOST_TOLERANCE,
+    NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,
 };
 pub use queueing::{formula, latency_target, predicted_p99};
 pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};

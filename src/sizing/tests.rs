@@ -436,10 +436,10 @@ fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
         },
         0,
     );
-    // A spike the 1 m window has barely seen: the last scrape interval says 150/s.
+    // A spike the 1 m window has seen for a while: the last scrape interval says 150/s.
     let up = at(
         &sizing,
-        &with_recent(40.0, 150.0, 0.02),
+        &with_recent(110.0, 150.0, 0.02),
         Some(&replicas(1, 9)),
         &History::new(),
         0,
@@ -459,6 +459,77 @@ fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
         10,
     );
     assert_eq!(down.lanes[0].reserve, 1);
+}
+
+#[test]
+fn growth_the_long_rate_does_not_confirm_waits_for_it() {
+    let sizing = pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    );
+    // A spike the 1 m window has barely seen: 150/s recent asks for 5, but 1.5 × 40/s asks
+    // for 2 (1.5 × 60/s × 20 ms = 1.8).
+    let barely = at(
+        &sizing,
+        &with_recent(40.0, 150.0, 0.02),
+        Some(&replicas(1, 9)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(barely.lanes[0].reserve, 2);
+    assert!(
+        barely.lanes[0]
+            .explanation
+            .contains("5, unconfirmed by the 40/s long rate: 2"),
+        "{}",
+        barely.lanes[0].explanation
+    );
+    // Seen for longer, the long rate confirms the rest.
+    let confirmed = at(
+        &sizing,
+        &with_recent(100.0, 150.0, 0.02),
+        Some(&barely.replicas()),
+        &barely.history,
+        10,
+    );
+    assert_eq!(confirmed.lanes[0].reserve, 5);
+    // A new pool (no current count) takes what the rate asks.
+    let new = at(
+        &sizing,
+        &with_recent(40.0, 150.0, 0.02),
+        None,
+        &History::new(),
+        0,
+    );
+    assert_eq!(new.lanes[0].reserve, 5);
+}
+
+proptest! {
+    #[test]
+    fn confirmation_only_holds_growth_back_and_never_shrinks(
+        long in 0.0f64..300.0,
+        recent in 0.0f64..300.0,
+        current in 1i32..=6,
+    ) {
+        let sizing = pool(PoolSize::Budget { total: 10, shared_min: 2 }, 0);
+        let decided = |long: f64| {
+            at(&sizing, &with_recent(long, recent, 0.02), Some(&replicas(current, 10 - current)), &History::new(), 0)
+                .lanes[0]
+                .reserve
+        };
+        let held = decided(long);
+        // The same recent rate with a long rate that confirms anything.
+        let free = decided(1e6);
+        prop_assert!(held <= free.max(current));
+        prop_assert!(held >= free.min(current));
+        // A shrink never waits for confirmation.
+        if free < current {
+            prop_assert_eq!(held, free);
+        }
+    }
 }
 
 #[test]

@@ -108,6 +108,11 @@ pub struct SimulateArgs {
     /// other flags.
     #[arg(long)]
     pub suite: bool,
+    /// With --suite: run the held-out shapes instead (7 families whose widths, heights, gaps
+    /// and volatility are drawn from seeds the sizing was never tuned on), to check that what
+    /// the suite shows generalizes.
+    #[arg(long, requires = "suite")]
+    pub held_out: bool,
     /// Print the guide's 4 × 2 table, our figures beside the guide's.
     #[arg(long)]
     pub guide_table: bool,

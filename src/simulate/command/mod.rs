@@ -11,7 +11,7 @@ mod series;
 
 use crate::simulate::SimulateError;
 use crate::simulate::engine;
-use crate::simulate::studies::{bench, guide, suite, tradeoff};
+use crate::simulate::studies::{bench, guide, held_out, suite, tradeoff};
 use args::{OutputArg, SimulateArgs};
 
 fn write(path: &Path, contents: &str) -> Result<(), SimulateError> {
@@ -29,7 +29,13 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         return Ok(bench::run());
     }
     if args.suite {
+        let set = if args.held_out {
+            held_out::set()
+        } else {
+            suite::Set::suite()
+        };
         return Ok(suite::table(
+            &set,
             suite::DURATION,
             &crate::simulate::engine::autoscale::lanepool_defaults(suite::WORKERS),
         ));

@@ -26,7 +26,7 @@ pub const WORKERS: u32 = 10;
 pub struct Shape {
     pub name: &'static str,
     pub what: &'static str,
-    profile: fn(seconds: f64, seed: u64) -> RateProfile,
+    pub profile: fn(seconds: f64, seed: u64) -> RateProfile,
 }
 
 impl Shape {
@@ -35,7 +35,7 @@ impl Shape {
     }
 }
 
-fn steps(points: &[(f64, f64)]) -> RateProfile {
+pub fn steps(points: &[(f64, f64)]) -> RateProfile {
     RateProfile {
         steps: points.to_vec(),
     }
@@ -295,11 +295,29 @@ impl Row {
     }
 }
 
+/// The shapes a table is made of, and the seeds each runs with.
+#[derive(Clone, Debug)]
+pub struct Set {
+    pub shapes: Vec<Shape>,
+    pub seeds: Vec<u64>,
+}
+
+impl Set {
+    /// The suite the sizing is measured (and was tuned) on.
+    pub fn suite() -> Self {
+        Self {
+            shapes: shapes(),
+            seeds: SEEDS.to_vec(),
+        }
+    }
+}
+
 /// Runs every shape with every seed, on both cores.
-pub fn rows(duration: Duration, config: &Autoscale) -> Vec<Row> {
-    let shapes = shapes();
+pub fn rows(set: &Set, duration: Duration, config: &Autoscale) -> Vec<Row> {
+    let shapes = set.shapes.clone();
+    let seeds = &set.seeds;
     let jobs: Vec<(usize, u64)> = (0..shapes.len())
-        .flat_map(|s| SEEDS.iter().map(move |seed| (s, *seed)))
+        .flat_map(|s| seeds.iter().map(move |seed| (s, *seed)))
         .collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -330,7 +348,7 @@ pub fn rows(duration: Duration, config: &Autoscale) -> Vec<Row> {
         .into_iter()
         .map(|shape| Row {
             shape,
-            cases: cases.by_ref().take(SEEDS.len()).collect(),
+            cases: cases.by_ref().take(seeds.len()).collect(),
         })
         .collect()
 }
@@ -343,9 +361,9 @@ fn percent(value: f64) -> String {
     }
 }
 
-/// The suite as a table: per shape, the seeds' means and the worst seed's margin.
-pub fn table(duration: Duration, config: &Autoscale) -> String {
-    let rows = rows(duration, config);
+/// A set as a table: per shape, the seeds' means and the worst seed's margin.
+pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
+    let rows = rows(set, duration, config);
     let mut lines = vec![format!(
         "{:<11} {:>7} {:>8} {:>9} {:>8} {:>8} {:>7} {:>8}  {}",
         "profile", "p99 ms", "batch/s", "frontier", "margin", "worst", "oracle", "resizes", "shape"
@@ -382,7 +400,7 @@ pub fn table(duration: Duration, config: &Autoscale) -> String {
     lines.push(format!(
         "\n{} profiles × {} seeds, {} each: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average",
         rows.len(),
-        SEEDS.len(),
+        set.seeds.len(),
         trim(duration.as_secs_f64() / 60.0) + " min",
         percent(mean_margin),
         percent(worst),
