@@ -53,20 +53,13 @@ fn exported() -> String {
     use std::collections::BTreeMap;
     use std::time::Duration;
     let metrics = Metrics::default();
-    let sizing = PoolSizing {
-        lanes: vec![LaneSizing {
-            name: "urgent".into(),
-            min: 1,
-            max: 4,
-            rule: Rule::Formula,
-        }],
-        headroom: 1.5,
-        size: PoolSize::Shared { replicas: 8 },
-        stabilization_window: Duration::ZERO,
-        scale_down_paused: false,
-        on_unavailable: UnavailablePolicy::default(),
-        failure_threshold: 3,
+    let lane = LaneSizing {
+        name: "urgent".into(),
+        min: 1,
+        max: 4,
+        rule: Rule::Formula,
     };
+    let sizing = PoolSizing::new(vec![lane], 1.5, PoolSize::Shared { replicas: 8 });
     let loads = BTreeMap::from([(
         "urgent".to_string(),
         Ok(LaneLoad {

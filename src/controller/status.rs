@@ -228,19 +228,15 @@ mod tests {
         use crate::sizing::*;
         use std::collections::BTreeMap;
         use std::time::Duration;
+        let lane = LaneSizing {
+            name: "urgent".into(),
+            min: 1,
+            max: 6,
+            rule: Rule::Formula,
+        };
         let sizing = PoolSizing {
-            lanes: vec![LaneSizing {
-                name: "urgent".into(),
-                min: 1,
-                max: 6,
-                rule: Rule::Formula,
-            }],
-            headroom: 1.5,
-            size: PoolSize::Shared { replicas: 8 },
             stabilization_window: Duration::from_secs(300),
-            scale_down_paused: false,
-            on_unavailable: UnavailablePolicy::default(),
-            failure_threshold: 3,
+            ..PoolSizing::new(vec![lane], 1.5, PoolSize::Shared { replicas: 8 })
         };
         let once = |loads: &BTreeMap<String, std::result::Result<LaneLoad, String>>| {
             decide(

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use crate::api::{LanePoolSpec, MetricsUnavailableAction, SizingMode, check_headroom};
+use crate::api::{
+    LanePoolSpec, MetricsUnavailableAction, OnMetricsUnavailable, ScaleDown, SizingMode,
+    check_headroom,
+};
 use crate::{Error, Result};
 
 /// A pool's sizing settings, read and checked from a LanePool spec.
@@ -55,10 +58,9 @@ pub enum UnavailablePolicy {
 impl Default for UnavailablePolicy {
     /// `spec.onMetricsUnavailable` when not set.
     fn default() -> Self {
-        Self::Hold {
-            limit: Duration::from_secs(30 * 60),
-            fallback: None,
-        }
+        outage_policy(&OnMetricsUnavailable::default())
+            .expect("the LanePool's own defaults are valid")
+            .0
     }
 }
 
@@ -73,6 +75,26 @@ pub enum Rule {
 }
 
 impl PoolSizing {
+    /// Settings for `lanes`, `headroom` and `size`, with everything else at the LanePool's own
+    /// defaults: what a spec that sets nothing more gives.
+    pub fn new(lanes: Vec<LaneSizing>, headroom: f64, size: PoolSize) -> Self {
+        let (on_unavailable, failure_threshold) = outage_policy(&OnMetricsUnavailable::default())
+            .expect("the LanePool's own defaults are valid");
+        let scale_down = ScaleDown::default();
+        Self {
+            lanes,
+            headroom,
+            size,
+            stabilization_window: scale_down
+                .stabilization_window
+                .get()
+                .expect("the LanePool's own defaults are valid"),
+            scale_down_paused: scale_down.paused,
+            on_unavailable,
+            failure_threshold,
+        }
+    }
+
     /// Reads the sizing settings from a spec, checking what the CRD also checks, so a spec that
     /// reached us some other way (a test, an old CRD) cannot produce a harmful decision.
     pub fn from_spec(spec: &LanePoolSpec) -> Result<Self> {
@@ -161,48 +183,17 @@ impl PoolSizing {
                 ));
             }
         };
-        let window = spec
-            .scale_down
-            .clone()
-            .unwrap_or_default()
-            .stabilization_window;
-        let stabilization_window = window.get().map_err(|source| Error::Duration {
-            field: "spec.scaleDown.stabilizationWindow".into(),
-            source,
-        })?;
-        let policy = spec.on_metrics_unavailable.clone().unwrap_or_default();
-        if policy.reserve.is_some_and(|n| n < 0) {
-            return Err(Error::invalid(
-                "spec.onMetricsUnavailable.reserve",
-                "the reserve must be 0 or more",
-            ));
-        }
-        let on_unavailable = match (policy.action, policy.reserve) {
-            (MetricsUnavailableAction::Hold, fallback) => UnavailablePolicy::Hold {
-                limit: policy.hold_limit.get().map_err(|source| Error::Duration {
-                    field: "spec.onMetricsUnavailable.holdLimit".into(),
-                    source,
-                })?,
-                fallback,
-            },
-            (MetricsUnavailableAction::FixedReserve, Some(n)) => UnavailablePolicy::FixedReserve(n),
-            (MetricsUnavailableAction::FixedReserve, None) => {
-                return Err(Error::invalid(
-                    "spec.onMetricsUnavailable.reserve",
-                    "a reserve of 0 or more is required with action FixedReserve",
-                ));
-            }
-        };
-        let failure_threshold = u32::try_from(policy.failure_threshold)
-            .ok()
-            .filter(|n| (1..=100).contains(n))
-            .ok_or_else(|| {
-                Error::invalid(
-                    "spec.onMetricsUnavailable.failureThreshold",
-                    "must be from 1 to 100",
-                )
-            })?;
         let scale_down = spec.scale_down.clone().unwrap_or_default();
+        let stabilization_window =
+            scale_down
+                .stabilization_window
+                .get()
+                .map_err(|source| Error::Duration {
+                    field: "spec.scaleDown.stabilizationWindow".into(),
+                    source,
+                })?;
+        let (on_unavailable, failure_threshold) =
+            outage_policy(&spec.on_metrics_unavailable.clone().unwrap_or_default())?;
         Ok(Self {
             lanes,
             headroom: spec.headroom,
@@ -213,4 +204,40 @@ impl PoolSizing {
             failure_threshold,
         })
     }
+}
+
+/// The outage policy and failure threshold `spec.onMetricsUnavailable` asks for.
+fn outage_policy(policy: &OnMetricsUnavailable) -> Result<(UnavailablePolicy, u32)> {
+    if policy.reserve.is_some_and(|n| n < 0) {
+        return Err(Error::invalid(
+            "spec.onMetricsUnavailable.reserve",
+            "the reserve must be 0 or more",
+        ));
+    }
+    let on_unavailable = match (policy.action, policy.reserve) {
+        (MetricsUnavailableAction::Hold, fallback) => UnavailablePolicy::Hold {
+            limit: policy.hold_limit.get().map_err(|source| Error::Duration {
+                field: "spec.onMetricsUnavailable.holdLimit".into(),
+                source,
+            })?,
+            fallback,
+        },
+        (MetricsUnavailableAction::FixedReserve, Some(n)) => UnavailablePolicy::FixedReserve(n),
+        (MetricsUnavailableAction::FixedReserve, None) => {
+            return Err(Error::invalid(
+                "spec.onMetricsUnavailable.reserve",
+                "a reserve of 0 or more is required with action FixedReserve",
+            ));
+        }
+    };
+    let failure_threshold = u32::try_from(policy.failure_threshold)
+        .ok()
+        .filter(|n| (1..=100).contains(n))
+        .ok_or_else(|| {
+            Error::invalid(
+                "spec.onMetricsUnavailable.failureThreshold",
+                "must be from 1 to 100",
+            )
+        })?;
+    Ok((on_unavailable, failure_threshold))
 }

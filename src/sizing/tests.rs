@@ -5,19 +5,15 @@ use super::*;
 use proptest::prelude::*;
 
 fn pool(size: PoolSize, window_secs: u64) -> PoolSizing {
+    let lanes = vec![LaneSizing {
+        name: "urgent".into(),
+        min: 1,
+        max: 6,
+        rule: Rule::Formula,
+    }];
     PoolSizing {
-        lanes: vec![LaneSizing {
-            name: "urgent".into(),
-            min: 1,
-            max: 6,
-            rule: Rule::Formula,
-        }],
-        headroom: 1.5,
-        size,
         stabilization_window: Duration::from_secs(window_secs),
-        scale_down_paused: false,
-        on_unavailable: UnavailablePolicy::default(),
-        failure_threshold: 3,
+        ..PoolSizing::new(lanes, 1.5, size)
     }
 }
 
@@ -272,26 +268,23 @@ fn arbitrary_pool() -> impl Strategy<Value = PoolSizing> {
     )
         .prop_map(|(min, extra, shared_min, headroom, budget_mode, window)| {
             let max = (min + extra).max(1);
+            let lanes = vec![LaneSizing {
+                name: "urgent".into(),
+                min,
+                max,
+                rule: Rule::Formula,
+            }];
+            let size = if budget_mode {
+                PoolSize::Budget {
+                    total: max + shared_min + 3,
+                    shared_min,
+                }
+            } else {
+                PoolSize::Shared { replicas: 4 }
+            };
             PoolSizing {
-                lanes: vec![LaneSizing {
-                    name: "urgent".into(),
-                    min,
-                    max,
-                    rule: Rule::Formula,
-                }],
-                headroom,
-                size: if budget_mode {
-                    PoolSize::Budget {
-                        total: max + shared_min + 3,
-                        shared_min,
-                    }
-                } else {
-                    PoolSize::Shared { replicas: 4 }
-                },
                 stabilization_window: Duration::from_secs(window),
-                scale_down_paused: false,
-                on_unavailable: UnavailablePolicy::default(),
-                failure_threshold: 3,
+                ..PoolSizing::new(lanes, headroom, size)
             }
         })
 }
@@ -979,4 +972,19 @@ proptest! {
             prop_assert!(decision.lanes[0].reserve >= before, "{}", decision.lanes[0].explanation);
         }
     }
+}
+
+#[test]
+fn new_settings_are_what_a_spec_that_sets_nothing_more_gives() {
+    let spec: crate::api::LanePoolSpec = serde_yaml::from_str(
+        "lanes: [{name: urgent, reserve: {max: 6}}, {name: batch}]\n\
+         totalWorkers: 10\n\
+         template: {}\n",
+    )
+    .unwrap();
+    let read = PoolSizing::from_spec(&spec).unwrap();
+    assert_eq!(
+        PoolSizing::new(read.lanes.clone(), read.headroom, read.size),
+        read
+    );
 }

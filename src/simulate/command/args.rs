@@ -11,7 +11,7 @@ use crate::simulate::SimulateError;
 use crate::simulate::engine::arrivals::ArrivalKind;
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::scenario::{Arrangement, Autoscale, Scenario, nanos};
-use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
+use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ArrangementArg {
@@ -380,18 +380,17 @@ impl SimulateArgs {
         };
         Ok(Autoscale {
             sizing: PoolSizing {
-                lanes: vec![LaneSizing {
-                    name: crate::simulate::engine::autoscale::LANE.to_string(),
-                    min: self.reserve_min,
-                    max,
-                    rule,
-                }],
-                headroom: self.headroom,
-                size,
                 stabilization_window: self.stabilization_window,
-                scale_down_paused: false,
-                on_unavailable: UnavailablePolicy::default(),
-                failure_threshold: 3,
+                ..PoolSizing::new(
+                    vec![LaneSizing {
+                        name: crate::simulate::engine::autoscale::LANE.to_string(),
+                        min: self.reserve_min,
+                        max,
+                        rule,
+                    }],
+                    self.headroom,
+                    size,
+                )
             },
             interval: nanos(self.interval),
             rate_window: nanos(self.rate_window),
