@@ -262,13 +262,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
                 current: start.current.as_ref(),
                 history: &memory.history,
                 now,
-                outage: memory.outage(&old_status, now, |condition| {
-                    let since = condition.last_transition_time.0;
-                    Timestamp::now()
-                        .duration_since(since)
-                        .try_into()
-                        .unwrap_or_default()
-                }),
+                outage: memory.outage(&old_status, now, Timestamp::now()),
             },
         );
         memory.decided(&decision, pool.metadata.generation, now);

@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use super::workers::{Role, pool_roles, spec_replicas};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
 
 use super::status::METRICS_AVAILABLE;
 use crate::sizing::{Decision, History, Outage, Replicas};
@@ -99,20 +99,18 @@ impl PoolMemory {
         self.failed_intervals = decision.failed_intervals;
     }
 
-    /// The metrics outage a decision at `now` continues: the failed decisions this process
-    /// counted, and its start from the status's MetricsAvailable=False transition (`ago` of
-    /// it), which outlives a restart.
-    pub(super) fn outage(
-        &self,
-        status: &LanePoolStatus,
-        now: Duration,
-        ago: impl Fn(&Condition) -> Duration,
-    ) -> Outage {
+    /// The metrics outage a decision at `now` (at `wall` on the clock the status is written
+    /// by) continues: the failed decisions this process counted, and its start from the
+    /// status's MetricsAvailable=False transition, which outlives a restart.
+    pub(super) fn outage(&self, status: &LanePoolStatus, now: Duration, wall: Timestamp) -> Outage {
         let since = status
             .conditions
             .iter()
             .find(|c| c.type_ == METRICS_AVAILABLE && c.status == "False")
-            .map(|c| now.saturating_sub(ago(c)));
+            .map(|c| {
+                let ago = wall.duration_since(c.last_transition_time.0);
+                now.saturating_sub(ago.try_into().unwrap_or_default())
+            });
         Outage {
             failed_before: self.failed_intervals,
             since,
@@ -219,6 +217,41 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn an_outage_starts_when_the_status_says_metrics_became_unavailable() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let wall = Timestamp::from_second(1_800_000_000).unwrap();
+        let condition = |status: &str| Condition {
+            type_: METRICS_AVAILABLE.into(),
+            status: status.into(),
+            last_transition_time: Time(wall - k8s_openapi::jiff::SignedDuration::from_secs(90)),
+            reason: "QueryFailed".into(),
+            message: String::new(),
+            observed_generation: None,
+        };
+        let memory = PoolMemory {
+            failed_intervals: 2,
+            ..Default::default()
+        };
+        let down = LanePoolStatus {
+            conditions: vec![condition("False")],
+            ..Default::default()
+        };
+        // 90 s before a decision 1,000 s after this process started (a restart keeps it).
+        assert_eq!(
+            memory.outage(&down, secs(1000), wall),
+            Outage {
+                failed_before: 2,
+                since: Some(secs(910))
+            }
+        );
+        let up = LanePoolStatus {
+            conditions: vec![condition("True")],
+            ..Default::default()
+        };
+        assert_eq!(memory.outage(&up, secs(1000), wall).since, None);
     }
 
     fn replicas(reserved: i32, shared: i32) -> Replicas {
