@@ -102,15 +102,24 @@ where
     assert!(took.is_some(), "{what}: not within {seconds} s");
 }
 
-async fn create_pool(pools: &Api<LanePool>, name: &str) {
-    let yaml = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/lanepool.yaml"
-    ))
-    .unwrap();
-    let mut pool: LanePool = serde_yaml::from_str(&yaml).unwrap();
+/// The example pool, named `name`.
+fn example_pool(name: &str) -> LanePool {
+    let mut pool: LanePool =
+        serde_yaml::from_str(include_str!("../examples/lanepool.yaml")).unwrap();
     pool.metadata.name = Some(name.into());
-    pools.create(&PostParams::default(), &pool).await.unwrap();
+    pool
+}
+
+async fn create_pool(pools: &Api<LanePool>, name: &str) {
+    pools
+        .create(&PostParams::default(), &example_pool(name))
+        .await
+        .unwrap();
+}
+
+/// Whether the Deployment `name` exists.
+async fn exists(deployments: &Api<Deployment>, name: &str) -> bool {
+    deployments.get_opt(name).await.ok().flatten().is_some()
 }
 
 /// The tests here stop the API server and read timings: one at a time.
@@ -135,12 +144,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
 
     create_pool(&pools, "jobs").await;
     wait_for(20, "the leader creates the Deployments", || async {
-        deployments
-            .get_opt("jobs-shared")
-            .await
-            .ok()
-            .flatten()
-            .is_some()
+        exists(&deployments, "jobs-shared").await
     })
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -179,12 +183,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     );
     create_pool(&pools, "later").await;
     wait_for(20, "the new leader reconciles", || async {
-        deployments
-            .get_opt("later-shared")
-            .await
-            .ok()
-            .flatten()
-            .is_some()
+        exists(&deployments, "later-shared").await
     })
     .await;
     assert!(second.log().contains("became the leader"));
@@ -230,12 +229,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     .await;
     create_pool(&pools, "thawed").await;
     let reconciled = testenv::poll_until(Duration::from_secs(30), || async {
-        deployments
-            .get_opt("thawed-shared")
-            .await
-            .ok()
-            .flatten()
-            .is_some()
+        exists(&deployments, "thawed-shared").await
     })
     .await;
     assert!(
@@ -263,12 +257,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     let took_over = killed.elapsed();
     create_pool(&pools, "after-kill").await;
     wait_for(20, "the new leader reconciles after the kill", || async {
-        deployments
-            .get_opt("after-kill-shared")
-            .await
-            .ok()
-            .flatten()
-            .is_some()
+        exists(&deployments, "after-kill-shared").await
     })
     .await;
     eprintln!(
@@ -297,13 +286,7 @@ async fn json_logs_name_the_pool_on_every_reconcile_line_and_each_failure_once()
     );
     create_pool(&pools, "jobs").await;
     // A pool whose bearer token Secret does not exist: every reconcile fails, with backoff.
-    let yaml = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/lanepool.yaml"
-    ))
-    .unwrap();
-    let mut broken: LanePool = serde_yaml::from_str(&yaml).unwrap();
-    broken.metadata.name = Some("broken".into());
+    let mut broken = example_pool("broken");
     broken.spec.prometheus = Some(lanepool::api::PrometheusSource {
         url: Some("https://prometheus.invalid:9090".into()),
         bearer_token_secret: Some(k8s_openapi::api::core::v1::SecretKeySelector {
