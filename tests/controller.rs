@@ -1340,21 +1340,9 @@ async fn events_whose_notes_carry_multibyte_text_are_published() {
 /// Runs the pinned kubectl against the test API server.
 fn kubectl(args: &[&str]) -> (bool, String) {
     let plane = testenv::shared().expect("the control plane starts");
-    let output =
-        std::process::Command::new(testenv::tool("kubectl").expect("built by tests/setup.sh"))
-            .arg("--kubeconfig")
-            .arg(plane.kubeconfig())
-            .args(args)
-            .output()
-            .expect("kubectl runs");
-    (
-        output.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
-    )
+    plane
+        .kubectl(args)
+        .expect("kubectl is built by tests/setup.sh")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

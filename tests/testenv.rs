@@ -23,22 +23,12 @@ async fn kubectl_shows_the_printer_columns() {
     let plane = testenv::shared().expect("the control plane starts");
     let client = plane.client().await.unwrap();
     let namespace = plane.namespace(&client, "kubectl").await.unwrap();
-    let kubectl = testenv::tool("kubectl").unwrap();
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/lanepool.yaml");
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(plane.kubeconfig())
-            .args(["-n", &namespace])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        let args = [&["-n", namespace.as_str()], args].concat();
+        let (ok, out) = plane.kubectl(&args).unwrap();
+        assert!(ok, "kubectl {args:?}: {out}");
+        out
     };
     run(&["apply", "--server-side", "-f", example]);
     let table = run(&["get", "lp"]);

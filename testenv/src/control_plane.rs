@@ -161,6 +161,22 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// Runs the pinned kubectl against this API server: whether it succeeded, and its stdout
+    /// (on failure, its stderr after it).
+    pub fn kubectl(&self, args: &[&str]) -> Result<(bool, String)> {
+        let output = std::process::Command::new(super::tool("kubectl")?)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .map_err(super::io("running kubectl"))?;
+        let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() {
+            text.push_str(&String::from_utf8_lossy(&output.stderr));
+        }
+        Ok((output.status.success(), text))
+    }
+
     /// The directory holding certificates, data and logs.
     pub fn dir(&self) -> &Path {
         &self.dir
