@@ -11,6 +11,7 @@
 
 mod apply;
 mod context;
+mod events;
 mod grace;
 mod idle_first;
 mod measure;
@@ -37,6 +38,7 @@ use tracing::{Instrument, info_span, warn};
 
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
+pub use events::{Recorder, SERIES_TTL, Said};
 pub use grace::GRACE_PERIOD_TOO_SHORT;
 pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, IDLE_COST};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
