@@ -15,6 +15,7 @@ use tracing::warn;
 
 use super::events::{Recorder, Said};
 use super::step::PoolMemory;
+use super::workers::CachedDeployment;
 use crate::api::{LanePool, POOL_LABEL};
 use crate::metrics::Metrics;
 use crate::prometheus::{self, AllowedUrls, Connection, QueryWindows};
@@ -67,7 +68,7 @@ impl PoolKey {
 
 /// The watch caches of one watched scope (a namespace, or every namespace).
 pub(super) struct Caches {
-    pub(super) deployments: Store<Deployment>,
+    pub(super) deployments: Store<CachedDeployment>,
     pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
 }
 
@@ -161,7 +162,7 @@ impl Context {
         let caches = self.ready_caches().await;
         let stores = || caches.iter().map(|c| &c.deployments);
         let labelled =
-            |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
+            |d: &CachedDeployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
         let found = if sweep {
             in_namespace(stores(), namespace, labelled)
         } else {
@@ -174,7 +175,7 @@ impl Context {
                 .filter(|d| labelled(d))
                 .collect()
         };
-        found.into_iter().map(|d| (*d).clone()).collect()
+        found.iter().map(|d| d.deployment()).collect()
     }
 
     /// The autoscalers of a namespace, from the watch cache.

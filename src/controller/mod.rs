@@ -71,7 +71,7 @@ pub async fn run(
             let client = ctx.client.clone();
             let (pools, deployments, autoscalers): (
                 Api<LanePool>,
-                Api<Deployment>,
+                Api<workers::CachedDeployment>,
                 Api<HorizontalPodAutoscaler>,
             ) = match &namespace {
                 Some(ns) => (
@@ -91,7 +91,7 @@ pub async fn run(
             let deployment_events =
                 watcher(deployments, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
-                    .modify(workers::keep_what_is_read)
+                    .modify(workers::CachedDeployment::keep_what_is_read)
                     .reflect(deployment_writer)
                     .touched_objects();
             let (autoscaler_cache, autoscaler_writer) = reflector::store();
