@@ -302,6 +302,10 @@ async fn main() {
         &[],
     );
     let rss = proc_status(pid, "VmRSS:") / 1024.0;
+    let (anon, file) = (
+        proc_status(pid, "RssAnon:") / 1024.0,
+        proc_status(pid, "RssFile:") / 1024.0,
+    );
     let histogram = "lanepool_operator_reconcile_duration_seconds";
     let p50 = quantile(&before_op, &after_op, histogram, 0.5);
     let p99 = quantile(&before_op, &after_op, histogram, 0.99);
@@ -320,7 +324,9 @@ async fn main() {
         "a rate change reaches every pool       {:.1} s (interval 15 s, rate window 30 s)",
         change.as_secs_f64()
     );
-    println!("operator RSS                           {rss:.0} MiB");
+    println!(
+        "operator RSS                           {rss:.0} MiB ({anon:.0} MiB heap and stacks, {file:.0} MiB the binary's pages)"
+    );
     println!(
         "CPU seconds per interval               {:.2}",
         (cpu_after - cpu_before) / intervals
