@@ -407,10 +407,12 @@ async fn advance(
     if !holds && !drain.over && !drain.pods.is_empty() {
         drain.over = true;
         let idle = drain.pods.values().filter(|p| p.idle).count();
+        let first = drain.pods.values().map(|p| p.asked_at).min().unwrap_or(now);
         info!(
             deployment,
             idle,
             still_busy = drain.pods.len() - idle,
+            ms = now.saturating_sub(first).as_millis() as u64,
             "drained: the shrink may go ahead"
         );
     }
