@@ -136,18 +136,14 @@ pub struct Candidate {
     pub draining: bool,
 }
 
-/// The Pods to drain for a shrink by `k`. Pods that are not ready go first anyway, so only k
-/// less those are drained, among the ready ones: those draining already first (they have
-/// stopped taking jobs), then the cheapest (idle, then the jobs that should end soonest).
+/// The Pods to drain for a shrink by `k`: the k the ReplicaSet controller will delete once
+/// they cost least. Pods that are not ready go first whatever their cost (a worker failing its
+/// readiness probe may still hold a job), then those draining already (they have stopped taking
+/// jobs), then the cheapest (idle, then the jobs that should end soonest).
 pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
-    let not_ready = candidates.iter().filter(|c| !c.ready).count();
-    let mut ready: Vec<&Candidate> = candidates.iter().filter(|c| c.ready).collect();
-    ready.sort_by_key(|c| (!c.draining, c.cost, c.name.clone()));
-    ready
-        .into_iter()
-        .take(k.saturating_sub(not_ready))
-        .map(|c| c.name.clone())
-        .collect()
+    let mut ranked: Vec<&Candidate> = candidates.iter().collect();
+    ranked.sort_by_key(|c| (c.ready, !c.draining, c.cost, c.name.clone()));
+    ranked.into_iter().take(k).map(|c| c.name.clone()).collect()
 }
 
 /// What a worker answered to a drain request.
@@ -465,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cheapest_ready_workers_drain_and_pods_not_ready_count_as_gone() {
+    fn the_pods_not_ready_drain_first_then_the_cheapest_ready_workers() {
         let pods = [
             candidate("deep", true, 2900, false),
             candidate("ending", true, 200, false),
@@ -473,13 +469,22 @@ mod tests {
             candidate("halfway", true, 1500, false),
             candidate("starting", false, 0, false),
         ];
-        // A shrink by 3: the Pod not ready goes anyway, so two drain, the cheapest.
-        assert_eq!(choose(&pods, 3), vec!["idle", "ending"]);
-        assert_eq!(choose(&pods, 1), Vec::<String>::new());
+        // A shrink by 3: the Pod not ready goes first whatever its cost, then the cheapest.
+        assert_eq!(choose(&pods, 3), vec!["starting", "idle", "ending"]);
+        assert_eq!(choose(&pods, 1), vec!["starting"]);
         assert_eq!(
             choose(&pods[..4], 5),
             vec!["idle", "ending", "halfway", "deep"]
         );
+        // Among Pods none of which is ready (no kubelet has reported them), the cost decides.
+        let unready: Vec<Candidate> = pods
+            .iter()
+            .map(|c| Candidate {
+                ready: false,
+                ..c.clone()
+            })
+            .collect();
+        assert_eq!(choose(&unready, 2), vec!["idle", "starting"]);
     }
 
     #[test]
