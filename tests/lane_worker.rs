@@ -6,56 +6,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The examples' binaries, built once per test run in this test's profile and features (a plain
-/// `cargo test` has built them already, and then this is a no-op).
-fn example(name: &str) -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test's own path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("tests run from <target>/<profile>/deps")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .args([
-                "build",
-                "--quiet",
-                "--example",
-                "lane_queue",
-                "--example",
-                "lane_worker",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        // Without the variables cargo set for this test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some
-        // build scripts rerun when they change, and the outer build would then be redone.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name.starts_with("CARGO_") && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
-                build.env_remove(&*name);
-            }
-        }
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("running cargo build for the examples");
-        assert!(
-            status.success(),
-            "cargo build --example lane_queue --example lane_worker failed"
-        );
-        profile_dir.join("examples")
-    });
-    dir.join(name)
-}
+use lanepool_testenv::example;
 
 /// A process killed when the test ends, with its stdout collected line by line.
 struct Running {
