@@ -1337,6 +1337,71 @@ async fn events_whose_notes_carry_multibyte_text_are_published() {
         .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identical_event_joins_its_series_and_a_different_one_does_not() {
+    use k8s_openapi::api::events::v1::Event as SeriesEvent;
+    use kube::runtime::events::EventType;
+    use lanepool::controller::{Recorder, Said};
+
+    let world = World::start("series").await;
+    world.apply_pool(|_| {}).await;
+    let pool = world.pool().await;
+    let recorder = Recorder::new(world.client.clone(), Some("lanepool-test-0".into()));
+    let said = Said {
+        type_: EventType::Warning,
+        reason: "SeriesTest",
+        action: "held",
+        note: "urgent held at 2 → 2 reserved",
+    };
+    for _ in 0..3 {
+        recorder.publish(&pool, said).await.unwrap();
+    }
+    let other = Said {
+        note: "urgent held at 3 → 3 reserved",
+        ..said
+    };
+    recorder.publish(&pool, other).await.unwrap();
+
+    let events: Api<SeriesEvent> = Api::namespaced(world.client.clone(), &world.namespace);
+    let mut ours: Vec<(String, i32, String)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("SeriesTest"))
+        .map(|e| {
+            let count = e.series.as_ref().map_or(1, |s| s.count);
+            assert_eq!(e.reporting_instance.as_deref(), Some("lanepool-test-0"));
+            assert_eq!(
+                e.regarding.as_ref().and_then(|r| r.uid.clone()),
+                pool.metadata.uid
+            );
+            (
+                e.note.unwrap_or_default(),
+                count,
+                e.type_.unwrap_or_default(),
+            )
+        })
+        .collect();
+    ours.sort();
+    assert_eq!(
+        ours,
+        [
+            (
+                "urgent held at 2 → 2 reserved".to_string(),
+                3,
+                "Warning".to_string()
+            ),
+            (
+                "urgent held at 3 → 3 reserved".to_string(),
+                1,
+                "Warning".to_string()
+            ),
+        ]
+    );
+}
+
 /// Runs the pinned kubectl against the test API server.
 fn kubectl(args: &[&str]) -> (bool, String) {
     let plane = testenv::shared().expect("the control plane starts");

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::warn;
 
+use super::events::{Recorder, Said};
 use super::step::PoolMemory;
+use super::workers::CachedDeployment;
 use crate::api::{LanePool, POOL_LABEL};
 use crate::metrics::Metrics;
 use crate::prometheus::{self, AllowedUrls, Connection, QueryWindows};
@@ -70,7 +71,7 @@ impl PoolKey {
 
 /// The watch caches of one watched scope (a namespace, or every namespace).
 pub(super) struct Caches {
-    pub(super) deployments: Store<Deployment>,
+    pub(super) deployments: Store<CachedDeployment>,
     pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
 }
 
@@ -103,13 +104,9 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Self {
-        let reporter = Reporter {
-            controller: "lanepool".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         let prometheus = prometheus::Clients::new(settings.prometheus_concurrency, metrics.clone());
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Recorder::new(client.clone(), std::env::var("POD_NAME").ok()),
             client,
             metrics,
             settings,
@@ -168,7 +165,7 @@ impl Context {
         let caches = self.ready_caches().await;
         let stores = || caches.iter().map(|c| &c.deployments);
         let labelled =
-            |d: &Deployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
+            |d: &CachedDeployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
         let found = if sweep {
             in_namespace(stores(), namespace, labelled)
         } else {
@@ -181,7 +178,7 @@ impl Context {
                 .filter(|d| labelled(d))
                 .collect()
         };
-        found.into_iter().map(|d| (*d).clone()).collect()
+        found.iter().map(|d| d.deployment()).collect()
     }
 
     /// The autoscalers of a namespace, from the watch cache.
@@ -264,19 +261,14 @@ impl Context {
         reason: &str,
         note: String,
     ) {
-        // The recorder merges events with the same reason and action into one series and keeps
-        // the first note; so the action carries the note, and only identical events merge.
         // The API server counts bytes: 128 for the action, 1 kB for the note.
-        let action = truncate_bytes(&note, 128).to_string();
-        let note = truncate_bytes(&note, 1024).to_string();
-        let event = Event {
+        let said = Said {
             type_,
-            reason: reason.into(),
-            note: Some(note),
-            action,
-            secondary: None,
+            reason,
+            action: truncate_bytes(&note, 128),
+            note: truncate_bytes(&note, 1024),
         };
-        if let Err(error) = self.recorder.publish(&event, &pool.object_ref(&())).await {
+        if let Err(error) = self.recorder.publish(pool, said).await {
             warn!(%error, "could not publish an event");
         }
     }

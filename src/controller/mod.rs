@@ -14,6 +14,7 @@
 mod apply;
 mod context;
 mod drain;
+mod events;
 mod grace;
 mod idle_first;
 mod measure;
@@ -41,6 +42,7 @@ use tracing::{Instrument, info, info_span, warn};
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
 pub use drain::{DEFAULT_DRAIN_TIMEOUT, DRAINING_METRIC};
+pub use events::{Recorder, SERIES_TTL, Said};
 pub use grace::GRACE_PERIOD_TOO_SHORT;
 pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, DRAINED_COST, IDLE_COST};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
@@ -73,7 +75,7 @@ pub async fn run(
             let client = ctx.client.clone();
             let (pools, deployments, autoscalers): (
                 Api<LanePool>,
-                Api<Deployment>,
+                Api<workers::CachedDeployment>,
                 Api<HorizontalPodAutoscaler>,
             ) = match &namespace {
                 Some(ns) => (
@@ -93,7 +95,7 @@ pub async fn run(
             let deployment_events =
                 watcher(deployments, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
-                    .modify(workers::keep_what_is_read)
+                    .modify(workers::CachedDeployment::keep_what_is_read)
                     .reflect(deployment_writer)
                     .touched_objects();
             let (autoscaler_cache, autoscaler_writer) = reflector::store();

@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{EnvVar, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::{Resource, ResourceExt};
+use serde::Deserialize;
 
 use crate::api::{LANE_LABEL, LanePool, POOL_LABEL, ROLE_LABEL};
 use crate::sizing::Replicas;
@@ -166,29 +167,82 @@ fn hash(text: &str) -> String {
 }
 
 /// What the watch cache keeps of a Deployment: what a reconcile reads (name, labels, owners,
-/// this operator's annotations, replicas, the pod template as JSON text, ready count). Managed fields, status
-/// conditions and other annotations (such as kubectl's last-applied copy) would only take
-/// memory, once per Deployment of every pool.
-pub(super) fn keep_what_is_read(deployment: &mut Deployment) {
-    let metadata = &mut deployment.metadata;
-    metadata.managed_fields = None;
-    let annotations = metadata.annotations.get_or_insert_default();
-    annotations.retain(|key, _| key == TEMPLATE_HASH);
-    // The typed pod template is most of a cached Deployment (k8s-openapi's PodSpec and Container
-    // hold every field inline); it is only ever compared as JSON, so it is kept as JSON text.
-    if let Some(spec) = deployment.spec.as_mut() {
-        let template = std::mem::take(&mut spec.template);
-        if let Ok(text) = serde_json::to_string(&template) {
-            annotations.insert(LIVE_TEMPLATE.into(), text);
+/// this operator's annotations, replicas, the pod template as JSON text, the ready count).
+/// k8s-openapi's `Deployment` holds every field of its PodSpec and containers inline, 2.4 kB
+/// before any text, once per Deployment of every pool; this is a fifth of that, and the pod
+/// template is never parsed into types (it is only ever compared as JSON).
+#[derive(Clone, Debug, Deserialize, kube::Resource)]
+#[resource(inherit = Deployment)]
+pub(super) struct CachedDeployment {
+    pub(super) metadata: ObjectMeta,
+    pub(super) spec: Option<CachedSpec>,
+    pub(super) status: Option<CachedStatus>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub(super) struct CachedSpec {
+    pub(super) replicas: Option<i32>,
+    /// The pod template as JSON text.
+    #[serde(default, deserialize_with = "json_text")]
+    pub(super) template: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct CachedStatus {
+    pub(super) observed_generation: Option<i64>,
+    pub(super) replicas: Option<i32>,
+    pub(super) ready_replicas: Option<i32>,
+    pub(super) updated_replicas: Option<i32>,
+    pub(super) available_replicas: Option<i32>,
+}
+
+fn json_text<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    serde_json::to_string(&value).map_err(serde::de::Error::custom)
+}
+
+impl CachedDeployment {
+    /// Drops what no reconcile reads: managed fields and annotations not this operator's (such
+    /// as kubectl's last-applied copy).
+    pub(super) fn keep_what_is_read(&mut self) {
+        self.metadata.managed_fields = None;
+        if let Some(annotations) = self.metadata.annotations.as_mut() {
+            annotations.retain(|key, _| key == TEMPLATE_HASH);
         }
     }
-    if let Some(status) = deployment.status.as_mut() {
-        status.conditions = None;
+
+    /// The Deployment a reconcile reads: the pod template as JSON text in [`LIVE_TEMPLATE`].
+    pub(super) fn deployment(&self) -> Deployment {
+        let mut metadata = self.metadata.clone();
+        let spec = self.spec.as_ref().map(|spec| {
+            metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(LIVE_TEMPLATE.into(), spec.template.clone());
+            DeploymentSpec {
+                replicas: spec.replicas,
+                ..DeploymentSpec::default()
+            }
+        });
+        let status = self.status.as_ref().map(|s| DeploymentStatus {
+            observed_generation: s.observed_generation,
+            replicas: s.replicas,
+            ready_replicas: s.ready_replicas,
+            updated_replicas: s.updated_replicas,
+            available_replicas: s.available_replicas,
+            ..DeploymentStatus::default()
+        });
+        Deployment {
+            metadata,
+            spec,
+            status,
+        }
     }
 }
 
 /// The annotation a cached Deployment carries its live pod template in, as JSON text (see
-/// [`keep_what_is_read`]). Only in the operator's watch cache: never written to the API server.
+/// [`CachedDeployment`]). Only in the operator's watch cache: never written to the API server.
 pub(super) const LIVE_TEMPLATE: &str = "lanepool.dev/live-template";
 
 /// A Deployment's pod template as JSON: from the cache's text, or the typed template of a
@@ -228,22 +282,40 @@ mod tests {
             reserved: BTreeMap::from([("urgent".into(), 1)]),
             shared: 9,
         };
-        let desired = worker_deployments(&pool, &replicas).remove(0);
-        let mut cached = desired.clone();
-        cached.metadata.annotations.get_or_insert_default().insert(
-            "kubectl.kubernetes.io/last-applied-configuration".into(),
-            "{}".into(),
-        );
-        keep_what_is_read(&mut cached);
+        let mut desired = worker_deployments(&pool, &replicas).remove(0);
+        desired.status = Some(DeploymentStatus {
+            ready_replicas: Some(1),
+            ..DeploymentStatus::default()
+        });
+        let mut live = serde_json::to_value(&desired).unwrap();
+        live["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
+            serde_json::json!("{}");
+        live["metadata"]["managedFields"] = serde_json::json!([{"manager": "kubectl"}]);
+        let mut cached: CachedDeployment = serde_json::from_value(live).unwrap();
+        cached.keep_what_is_read();
+        let read = cached.deployment();
         assert_eq!(
-            cached.spec.as_ref().unwrap().template,
+            read.spec.as_ref().unwrap().template,
             Default::default(),
-            "the typed template is dropped"
+            "the typed template is never built"
         );
-        assert_eq!(template_json(&cached), template_json(&desired));
-        let annotations = cached.metadata.annotations.as_ref().unwrap();
+        assert_eq!(template_json(&read), template_json(&desired));
+        assert_eq!(spec_replicas(&read), Some(1));
+        assert_eq!(read.status.as_ref().unwrap().ready_replicas, Some(1));
+        assert_eq!(
+            read.metadata.owner_references,
+            desired.metadata.owner_references
+        );
+        assert_eq!(read.labels(), desired.labels());
+        assert!(read.metadata.managed_fields.is_none());
+        let annotations = read.metadata.annotations.as_ref().unwrap();
         assert!(annotations.contains_key(TEMPLATE_HASH));
         assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+        assert!(
+            std::mem::size_of::<CachedDeployment>() * 4 < std::mem::size_of::<Deployment>(),
+            "{} bytes",
+            std::mem::size_of::<CachedDeployment>()
+        );
     }
 
     fn env_of(deployment: &Deployment) -> BTreeMap<String, String> {
