@@ -8,8 +8,10 @@
 #   ./examples/demo.sh            # the default profile
 #   URGENT_PROFILE=0s=30,30s=90,60s=150,100s=30 DURATION=150 ./examples/demo.sh
 # The long-batch run: batch jobs of 2-4 s, some shared workers idle, a grace period shorter than a
-# batch job; compare scale-downs with idle workers first off and on (the jobs cut short):
+# batch job; compare scale-downs with idle workers first off and on, and with draining off (the
+# jobs cut short):
 #   BATCH_MS=2000..4000 BATCH_BACKLOG=0 BATCH_RATE=1.5 GRACE=1 IDLE_FIRST=false ./examples/demo.sh
+#   BATCH_MS=2000..4000 BATCH_BACKLOG=2000 GRACE=1 DRAIN_TIMEOUT=0 ./examples/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +22,7 @@ batch_backlog=${BATCH_BACKLOG:-2000}
 batch_rate=${BATCH_RATE:-40}
 grace=${GRACE:-30}                 # the pod template's terminationGracePeriodSeconds
 idle_first=${IDLE_FIRST:-true}     # the operator's --idle-workers-first
+drain_timeout=${DRAIN_TIMEOUT:-2m} # the operator's --drain-timeout (0: no drain)
 dir=target/demo
 port=${QUEUE_PORT:-9464}
 metrics_port=${OPERATOR_METRICS_PORT:-8089}
@@ -66,7 +69,7 @@ echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL"
 say "starting the operator (logs: $dir/operator.log)"
 "$bin/lanepool" run --prometheus-url "$PROMETHEUS_URL" --metrics-addr "127.0.0.1:$metrics_port" \
   --rate-window 10s --job-time-window 10s --scrape-interval 1s \
-  --idle-workers-first "$idle_first" >"$dir/operator.log" 2>&1 &
+  --idle-workers-first "$idle_first" --drain-timeout "$drain_timeout" >"$dir/operator.log" 2>&1 &
 operator_pid=$!
 
 say "kubectl apply -f examples/demo/lanepool.yaml (terminationGracePeriodSeconds: $grace)"
@@ -148,7 +151,7 @@ for log in "$dir"/workers/*.log; do
 done
 
 say "scale-downs: the Pods stopped, how long each took to free its worker, the jobs cut short"
-echo "idle workers first: $idle_first; grace period: $grace s"
+echo "idle workers first: $idle_first; drain timeout: $drain_timeout; grace period: $grace s"
 for role in shared urgent-reserved; do
   grep " jobs-$role-" "$dir/kubelet.log" | awk -v role="$role" '/ after SIGTERM/ {
        n++; s = ($0 ~ /SIGKILL/) ? $(NF-4) : $(NF-3); t += s; if (s > max) max = s
@@ -161,8 +164,8 @@ echo "jobs cut short (put back by the queue after their worker died): $(promql '
 shared_busy='lanepool_worker_busy{namespace="demo",pool="jobs",pod=~"jobs-shared-.*"}'
 echo "shared workers busy: $(promql "avg_over_time((sum($shared_busy) / count($shared_busy))[${duration}s:1s]) * 100") % of the time"
 # The reserve's growth, from the operator's log: from its write of a larger reserved Deployment
-# to the step that found the new workers ready (the surge's shrink of the shared Deployment, or
-# the ranking of its Pods just before it, which starts only then).
+# to the step that found the new workers ready (the end of the surge's wait; before that line
+# existed, the ranking of the shared Pods or their shrink, which start only then).
 sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
   function secs(ts, hms) { split(substr(ts, 12, 15), hms, ":"); return hms[1] * 3600 + hms[2] * 60 + hms[3] }
   /scaled deployment=jobs-urgent-reserved from=Some\(/ {
@@ -170,13 +173,24 @@ sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
     to = $0; sub(/.* to=/, "", to); sub(/[^0-9].*/, "", to)
     if (to + 0 > from + 0) grew = secs($1)
   }
-  grew && /Pods ranked before the shrink/ { ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms); t = secs($1) - ms / 1000 }
+  grew && /surge over/ { t = secs($1) }
+  grew && !t && /Pods ranked before the shrink/ { ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms); t = secs($1) - ms / 1000 }
   grew && /scaled deployment=jobs-shared from=/ {
     if (!t) t = secs($1); d = t - grew; n++; sum += d; if (d > max) max = d; grew = 0; t = 0
   }
   END { printf "reserve growth, its write to its workers ready: %d times, mean %.2f s, max %.2f s\n", n, n ? sum / n : 0, max }'
+# Each drain: the workers asked, those idle when the shrink went ahead, and how long it waited.
+sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
+  /drained: the shrink may go ahead/ {
+    idle = $0; sub(/.* idle=/, "", idle); sub(/[^0-9].*/, "", idle)
+    busy = $0; sub(/.* still_busy=/, "", busy); sub(/[^0-9].*/, "", busy)
+    ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms)
+    n++; workers += idle + busy; idled += idle; t += ms; if (ms > max) max = ms
+  }
+  END { if (n) printf "drains: %d, %d workers drained, %d idle when the shrink went ahead; waited mean %.2f s, max %.2f s\n", n, workers, idled, t / n / 1000, max / 1000 }'
 sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | sed -nE \
-  's/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+) answered=([0-9]+) ending_within_grace=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy (\7 of them expected to end within the grace period), \4 annotated, in \5 ms; \6 answered themselves/p
+  's/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+) answered=([0-9]+) ending_within_grace=([0-9]+) drained=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy (\7 of them expected to end within the grace period, \8 drained), \4 annotated, in \5 ms; \6 answered themselves/p
+  s/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+) answered=([0-9]+) ending_within_grace=([0-9]+).*/before shrinking \1: \2 Pods, \3 busy (\7 of them expected to end within the grace period), \4 annotated, in \5 ms; \6 answered themselves/p
   s/.*deployment="([^"]*)" pods=([0-9]+) busy=([0-9]+) patched=([0-9]+) ms=([0-9]+)$/before shrinking \1: \2 Pods, \3 busy, \4 annotated, in \5 ms/p' || true
 
 say "kubectl get lanepools,deployments,pods -n demo"

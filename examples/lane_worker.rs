@@ -28,7 +28,14 @@
 //! when the job in hand started (Unix time, same `lane`; absent while it waits). Before shrinking
 //! a Deployment the operator asks each of its Pods for them at the port named `metrics` (or
 //! Prometheus, by `pod`, for a Pod that does not answer), so the ReplicaSet controller removes
-//! idle workers first, then those whose jobs should end soonest. A worker that runs against a queue that
+//! idle workers first, then those whose jobs should end soonest.
+//!
+//! On the same port it takes the operator's drain request, `POST /drain?seconds=N`: take no new
+//! job for N seconds, finish the one in hand, then report `lanepool_worker_busy 0`; after N
+//! seconds without being stopped, take jobs again (so a shrink the operator called off never
+//! loses a worker for good); `seconds=0` takes jobs again at once. It answers with its gauges,
+//! `lanepool_worker_draining 1` among them, which is how the operator knows the request was
+//! understood. A worker that runs against a queue that
 //! cannot count (SQS, Redis lists…) would export `lanepool_job_duration_seconds` itself too and
 //! leave the submission count and queue depth to the producer and the queue.
 //!
@@ -53,6 +60,8 @@ const METRICS_ADDR_ENV: &str = "LANEPOOL_METRICS_ADDR";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before trying again when the queue is unreachable (starting, restarting).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest drain a request can ask for: a drain the operator forgot must still end.
+const LONGEST_DRAIN: Duration = Duration::from_secs(3600);
 
 /// What the environment says this worker is.
 struct Config {
@@ -171,12 +180,20 @@ async fn main() -> ExitCode {
     };
     // The lane of the job in hand and when it started (Unix seconds); `None` while waiting.
     let busy: Arc<Mutex<Option<(String, f64)>>> = Arc::default();
+    // Until when the operator asked this worker to take no new job; `None`: not draining. The
+    // sender lives as long as the worker, so `changed()` only ever wakes for a new request.
+    let (drain_requests, mut drain) = watch::channel(None::<Instant>);
+    let drain_requests = Arc::new(drain_requests);
     if let Ok(addr) = std::env::var(METRICS_ADDR_ENV)
         && !addr.is_empty()
     {
         match tokio::net::TcpListener::bind(&addr).await {
             Ok(listener) => {
-                tokio::spawn(serve_metrics(listener, busy.clone()));
+                tokio::spawn(serve_metrics(
+                    listener,
+                    busy.clone(),
+                    drain_requests.clone(),
+                ));
             }
             Err(e) => {
                 eprintln!("lane_worker: error: {METRICS_ADDR_ENV}={addr}: {e}");
@@ -199,14 +216,40 @@ async fn main() -> ExitCode {
         config.name
     );
 
+    let mut was_draining = false;
     loop {
         if *stop.borrow() {
             break;
         }
-        // While waiting for a job there is nothing to finish: SIGTERM ends the wait at once. A
-        // job the queue handed out just then goes back to its lane when the connection closes.
+        // Draining: no new job until the drain ends (or SIGTERM, or a new request).
+        let until = drain
+            .borrow_and_update()
+            .filter(|until| *until > Instant::now());
+        if let Some(until) = until {
+            if !was_draining {
+                println!("{}: draining: no new jobs", config.name);
+            }
+            was_draining = true;
+            tokio::select! {
+                _ = stop.changed() => break,
+                _ = drain.changed() => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
+            }
+            continue;
+        }
+        if was_draining {
+            println!("{}: drain over: taking jobs again", config.name);
+            was_draining = false;
+        }
+        // While waiting for a job there is nothing to finish: SIGTERM or a drain request ends
+        // the wait at once. A job the queue handed out just then goes back to its lane when the
+        // connection closes.
         let answer = tokio::select! {
             _ = stop.changed() => break,
+            _ = drain.changed() => {
+                queue.close();
+                continue;
+            }
             answer = queue.request("GET", &take_path) => answer,
         };
         let job: Job = match answer {
@@ -274,43 +317,98 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Serves `lanepool_worker_busy` and `lanepool_worker_job_started_timestamp_seconds` on every
-/// request: the pod's namespace, pool and name come from Prometheus's target labels (or, to the
-/// operator asking the Pod itself, from the Pod), not from the worker.
-async fn serve_metrics(listener: tokio::net::TcpListener, busy: Arc<Mutex<Option<(String, f64)>>>) {
+/// Serves `lanepool_worker_busy`, `lanepool_worker_job_started_timestamp_seconds` and
+/// `lanepool_worker_draining` on every GET, and takes drain requests (`POST /drain?seconds=N`,
+/// answered with the same gauges): the pod's namespace, pool and name come from Prometheus's
+/// target labels (or, to the operator asking the Pod itself, from the Pod), not from the worker.
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    busy: Arc<Mutex<Option<(String, f64)>>>,
+    drain: Arc<watch::Sender<Option<Instant>>>,
+) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
         };
         let busy = busy.clone();
+        let drain = drain.clone();
         tokio::spawn(async move {
+            // The request head, which may come in several pieces (up to 1 KiB, for 2 s).
             let mut request = [0u8; 1024];
-            let _ = stream.read(&mut request).await;
-            let busy = lock(&busy).clone();
-            let sample = match &busy {
-                Some((lane, _)) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
-                None => "lanepool_worker_busy 0".to_string(),
+            let mut read = 0;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+            while read < request.len() && !request[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                match tokio::time::timeout_at(deadline, stream.read(&mut request[read..])).await {
+                    Ok(Ok(n)) if n > 0 => read += n,
+                    _ => break,
+                }
+            }
+            let head = String::from_utf8_lossy(&request[..read]);
+            let mut words = head.split_whitespace();
+            let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let status = match method {
+                "POST" => match drain_request(target) {
+                    Some(Ok(seconds)) => {
+                        let until = (!seconds.is_zero()).then(|| Instant::now() + seconds);
+                        drain.send_replace(until);
+                        "200 OK"
+                    }
+                    Some(Err(())) => "400 Bad Request",
+                    None => "404 Not Found",
+                },
+                _ => "200 OK",
             };
-            let started = match &busy {
-                Some((lane, at)) => format!(
-                    "lanepool_worker_job_started_timestamp_seconds{{lane=\"{lane}\"}} {at:.3}\n"
-                ),
-                None => String::new(),
+            let body = if status == "200 OK" {
+                let draining = drain.borrow().is_some_and(|until| until > Instant::now());
+                gauges(lock(&busy).as_ref(), draining)
+            } else {
+                "POST /drain?seconds=N (0 to 3600) stops taking jobs for N seconds\n".to_string()
             };
-            let body = format!(
-                "# HELP lanepool_worker_busy 1 while the worker runs a job (of lane), 0 while it waits\n\
-                 # TYPE lanepool_worker_busy gauge\n{sample}\n\
-                 # HELP lanepool_worker_job_started_timestamp_seconds When the job in hand started\n\
-                 # TYPE lanepool_worker_job_started_timestamp_seconds gauge\n{started}"
-            );
             let response = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
                  Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = stream.write_all(response.as_bytes()).await;
         });
     }
+}
+
+/// `/drain?seconds=N` → how long to drain (`0`: stop draining); `None`: another path;
+/// `Err`: a drain request without a number of seconds from 0 to [`LONGEST_DRAIN`].
+fn drain_request(target: &str) -> Option<Result<Duration, ()>> {
+    let query = target.strip_prefix("/drain")?;
+    let seconds = query
+        .strip_prefix('?')
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("seconds="))
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s <= LONGEST_DRAIN.as_secs_f64());
+    Some(seconds.map(Duration::from_secs_f64).ok_or(()))
+}
+
+/// The worker's gauges in the Prometheus text format.
+fn gauges(busy: Option<&(String, f64)>, draining: bool) -> String {
+    let sample = match busy {
+        Some((lane, _)) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
+        None => "lanepool_worker_busy 0".to_string(),
+    };
+    let started = match busy {
+        Some((lane, at)) => {
+            format!("lanepool_worker_job_started_timestamp_seconds{{lane=\"{lane}\"}} {at:.3}\n")
+        }
+        None => String::new(),
+    };
+    format!(
+        "# HELP lanepool_worker_busy 1 while the worker runs a job (of lane), 0 while it waits\n\
+         # TYPE lanepool_worker_busy gauge\n{sample}\n\
+         # HELP lanepool_worker_job_started_timestamp_seconds When the job in hand started\n\
+         # TYPE lanepool_worker_job_started_timestamp_seconds gauge\n{started}\
+         # HELP lanepool_worker_draining 1 while the worker takes no new job (POST /drain)\n\
+         # TYPE lanepool_worker_draining gauge\nlanepool_worker_draining {}\n",
+        u8::from(draining)
+    )
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -345,6 +443,12 @@ impl Queue {
             addr: addr.to_string(),
             connection: None,
         }
+    }
+
+    /// Drops the connection (a request in flight on it is abandoned; the queue puts back a job
+    /// it handed out on it).
+    fn close(&mut self) {
+        self.connection = None;
     }
 
     /// Sends a request without a body; returns the status and the body.

@@ -3,7 +3,8 @@
 //! each Pod's first container as a local process of the lane worker with the Pod's env (values,
 //! `$(VAR)` references and downward-API `fieldRef`s such as `metadata.name` and `status.podIP`;
 //! `HOSTNAME` is the Pod's name), gives each Pod an address of its own on the loopback
-//! (127.1.x.y), and reports it Running and Ready. A Pod being deleted is stopped the kubelet's
+//! (127.1.x.y; `--ip-block` changes the 1, so kubelets side by side never share an address), and
+//! reports it Running and Ready. A Pod being deleted is stopped the kubelet's
 //! way: SIGTERM, up to its grace period, SIGKILL, then the Pod is removed (delete with grace 0).
 //! Prometheus finds the workers through a file_sd file this writes (`--pod-targets`): each Pod's
 //! address at its container port named `metrics`, labelled `namespace`, `pool` and `pod`. Its
@@ -56,6 +57,10 @@ struct Args {
     /// How often to list the Pods.
     #[arg(long, default_value = "250ms", value_parser = interval)]
     interval: Duration,
+    /// The second byte of the Pods' loopback addresses, 127.N.x.y: kubelets running side by
+    /// side (tests in parallel, beside the demo) each need their own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    ip_block: u8,
 }
 
 fn interval(value: &str) -> Result<Duration, String> {
@@ -341,7 +346,12 @@ impl Kubelet {
         }
         self.next_ip += 1;
         let n = self.next_ip;
-        format!("127.1.{}.{}", (n / 250) % 250, n % 250 + 1)
+        format!(
+            "127.{}.{}.{}",
+            self.args.ip_block,
+            (n / 250) % 250,
+            n % 250 + 1
+        )
     }
 
     /// A Pod being deleted: SIGTERM once, SIGKILL after its grace period, and the Pod removed

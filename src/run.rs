@@ -113,6 +113,14 @@ pub struct RunArgs {
     /// leaves the choice to the ReplicaSet controller alone.
     #[arg(long, env = "LANEPOOL_IDLE_WORKERS_FIRST", default_value_t = true, action = clap::ArgAction::Set)]
     pub idle_workers_first: bool,
+
+    /// With idle workers first: before a Deployment shrinks by k, ask the k workers it will stop
+    /// to take no new job (`POST /drain?seconds=N` at their port named `metrics`) and hold that
+    /// shrink until they report idle, for at most 3 × the longest mean job time of the lanes
+    /// they serve (at least 2s) and never longer than this; growth never waits. Workers that do
+    /// not drain are ranked as before. 0 turns draining off.
+    #[arg(long, env = "LANEPOOL_DRAIN_TIMEOUT", default_value = "2m", value_parser = duration::flag)]
+    pub drain_timeout: Duration,
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C.
@@ -174,6 +182,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         },
         surge_timeout: args.surge_timeout,
         idle_workers_first: args.idle_workers_first,
+        drain_timeout: args.drain_timeout,
         write_timeout: args.write_timeout,
     };
     let ctx = Arc::new(Context::new(client, metrics.clone(), settings));

@@ -1,60 +1,16 @@
 //! The example lane worker (`examples/lane_worker.rs`) against the example queue
 //! (`examples/lane_queue`), both as real processes: a shared worker takes urgent jobs before
 //! batch ones, a reserved worker never takes batch, SIGTERM lets a job finish, a killed worker's
-//! job goes back to its lane, and a bad environment is refused naming the variable.
+//! job goes back to its lane, a drained worker finishes its job and takes no new one until its
+//! drain ends, and a bad environment is refused naming the variable.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The examples' binaries, built once per test run in this test's profile and features (a plain
-/// `cargo test` has built them already, and then this is a no-op).
-fn example(name: &str) -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test's own path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("tests run from <target>/<profile>/deps")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .args([
-                "build",
-                "--quiet",
-                "--example",
-                "lane_queue",
-                "--example",
-                "lane_worker",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        // Without the variables cargo set for this test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some
-        // build scripts rerun when they change, and the outer build would then be redone.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name.starts_with("CARGO_") && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
-                build.env_remove(&*name);
-            }
-        }
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("running cargo build for the examples");
-        assert!(
-            status.success(),
-            "cargo build --example lane_queue --example lane_worker failed"
-        );
-        profile_dir.join("examples")
-    });
-    dir.join(name)
-}
+use lanepool_testenv::example;
 
 /// A process killed when the test ends, with its stdout collected line by line.
 struct Running {
@@ -159,6 +115,26 @@ fn worker(addr: SocketAddr, role: &str, lanes: &str, name: &str) -> Running {
         .env("LANEPOOL_QUEUE_URL", format!("http://{addr}"))
         .env("HOSTNAME", name);
     Running::start(command)
+}
+
+/// A worker that serves its gauges and takes drain requests at a free loopback port.
+fn worker_with_metrics(addr: SocketAddr, name: &str) -> (Running, SocketAddr) {
+    let metrics: SocketAddr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().unwrap()
+    };
+    let mut command = Command::new(example("lane_worker"));
+    command
+        .env_clear()
+        .env("LANEPOOL_LANES", "urgent,batch")
+        .env("LANEPOOL_ROLE", "shared")
+        .env("LANEPOOL_POOL", "jobs")
+        .env("LANEPOOL_QUEUE_URL", format!("http://{addr}"))
+        .env("LANEPOOL_METRICS_ADDR", metrics.to_string())
+        .env("HOSTNAME", name);
+    let worker = Running::start(command);
+    worker.wait_for_line("start line", |l| l.contains("shared worker of pool jobs"));
+    (worker, metrics)
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
@@ -311,6 +287,59 @@ fn the_job_of_a_killed_worker_goes_back_to_its_lane() {
     let second = worker(addr, "shared", "urgent,batch", "jobs-shared-2");
     second.wait_for_line("the job run again", |l| l.contains(": batch job 1 done"));
     wait_for_metric(addr, "lanepool_jobs_completed_total", "batch", 1.0);
+}
+
+#[test]
+fn a_drained_worker_finishes_its_job_takes_no_new_one_and_takes_jobs_again_when_the_drain_ends() {
+    let (_queue, addr) = queue(3, "800..800", "1s");
+    let (shared, metrics) = worker_with_metrics(addr, "jobs-shared-1");
+    wait_for_metric(addr, "lanepool_job_wait_seconds_count", "batch", 1.0); // taken
+    let asked = Instant::now();
+    let (status, gauges) = http(metrics, "POST", "/drain?seconds=3");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_draining 1"), "{gauges}");
+    assert!(
+        gauges.contains("lanepool_worker_busy{lane=\"batch\"} 1"),
+        "{gauges}"
+    );
+    // The job in hand ends; no other starts while the drain lasts.
+    wait_for_metric(addr, "lanepool_jobs_completed_total", "batch", 1.0);
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(asked.elapsed()));
+    let (_, gauges) = http(metrics, "GET", "/metrics");
+    assert!(
+        gauges.contains("lanepool_worker_busy 0") && gauges.contains("lanepool_worker_draining 1"),
+        "{gauges}"
+    );
+    assert_eq!(
+        metric(addr, "lanepool_job_wait_seconds_count", "batch"),
+        1.0
+    );
+    assert_eq!(metric(addr, "lanepool_queue_depth", "batch"), 2.0);
+    // After 3 s without being stopped, it takes jobs again.
+    wait_for_metric(addr, "lanepool_job_wait_seconds_count", "batch", 2.0);
+    assert!(
+        asked.elapsed() >= Duration::from_millis(2900),
+        "took a job {:?} after a 3 s drain began",
+        asked.elapsed()
+    );
+    shared.wait_for_line("drain over", |l| l.contains("drain over"));
+
+    // seconds=0 ends a drain at once (the operator called the shrink off).
+    wait_for_metric(addr, "lanepool_jobs_completed_total", "batch", 2.0);
+    assert_eq!(http(metrics, "POST", "/drain?seconds=60").0, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, gauges) = http(metrics, "POST", "/drain?seconds=0");
+    assert!(gauges.contains("lanepool_worker_draining 0"), "{gauges}");
+    let resumed = Instant::now();
+    wait_for_metric(addr, "lanepool_job_wait_seconds_count", "batch", 3.0);
+    assert!(resumed.elapsed() < Duration::from_secs(2));
+
+    // Anything else is refused: an old operator or a typo never stops a worker by mistake.
+    assert_eq!(http(metrics, "POST", "/drain?seconds=-1").0, 400);
+    assert_eq!(http(metrics, "POST", "/drain").0, 400);
+    assert_eq!(http(metrics, "POST", "/other").0, 404);
+    let (_, gauges) = http(metrics, "GET", "/metrics");
+    assert!(gauges.contains("lanepool_worker_draining 0"), "{gauges}");
 }
 
 #[test]

@@ -1,9 +1,11 @@
 //! The operator against a control plane with kube-controller-manager: Deployments become
-//! ReplicaSets and Pods, the garbage collector removes what a deleted LanePool owned, and a
-//! shrinking Deployment loses its idle workers before its busy ones.
+//! ReplicaSets and Pods, the garbage collector removes what a deleted LanePool owned, a
+//! shrinking Deployment loses its idle workers before its busy ones, and a drain neither waits
+//! for a worker that does not drain nor past its timeout for one that never finishes.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -99,8 +101,9 @@ impl World {
     }
 
     /// Gives `pod` an address of its own on the loopback (as a kubelet gives it its IP) where
-    /// its worker answers `/metrics` with `gauges`, for the rest of the test process.
-    async fn answers_itself(&self, pod: &str, gauges: &'static str) {
+    /// its worker answers every request (`/metrics`, a drain) with `gauges`, for the rest of the
+    /// test process. The requests' first lines, as they come, with when they came.
+    async fn answers_itself(&self, pod: &str, gauges: &'static str) -> Requests {
         use std::io::{Read, Write};
         let listener = (0..20)
             .find_map(|_| {
@@ -110,9 +113,18 @@ impl World {
             })
             .expect("a free loopback address");
         let ip = listener.local_addr().unwrap().ip().to_string();
+        let requests = Requests::default();
+        let seen = requests.clone();
         std::thread::spawn(move || {
             for mut stream in listener.incoming().flatten() {
-                let _ = stream.read(&mut [0u8; 1024]);
+                let mut head = [0u8; 1024];
+                let read = stream.read(&mut head).unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..read])
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                seen.lock().unwrap().push((Instant::now(), line));
                 let _ = write!(
                     stream,
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{gauges}",
@@ -125,6 +137,7 @@ impl World {
             .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .unwrap();
+        requests
     }
 
     async fn count<K>(&self) -> usize
@@ -142,6 +155,9 @@ impl World {
             .len()
     }
 }
+
+/// The first lines of the requests a Pod's worker answered, with when they came.
+type Requests = Arc<Mutex<Vec<(Instant, String)>>>;
 
 async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
 where
@@ -345,6 +361,109 @@ async fn a_grace_period_shorter_than_a_lanes_job_time_is_a_condition_and_a_warni
         condition().await.is_some_and(|c| c.status == "False")
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_does_not_drain_is_ranked_only_and_one_that_never_finishes_holds_the_shrink_until_the_drain_timeout()
+ {
+    let world = World::start("drain-bounds", true).await;
+    // 50/s × 20 ms × 1.5 = 1.5 → 2 reserved, then 120/s → 4.
+    world.urgent(50.0);
+    world
+        .apply_pool_with(|spec| {
+            spec["template"]["spec"]["containers"][0]["ports"] =
+                json!([{"name": "metrics", "containerPort": OWN_METRICS_PORT}]);
+        })
+        .await;
+    until(60, "two reserved Pods", || async {
+        world.pods(RESERVED).await.len() == 2
+    })
+    .await;
+    let older: BTreeSet<String> = world
+        .pods(RESERVED)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    world.urgent(120.0);
+    until(60, "four reserved Pods", || async {
+        world.pods(RESERVED).await.len() == 4
+    })
+    .await;
+    let newer: Vec<String> = world
+        .pods(RESERVED)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .filter(|name| !older.contains(name))
+        .collect();
+    // The older two are busy (Prometheus says so: the costliest), the newer two answer
+    // themselves: one idle that does not drain (an older worker: its gauges answer a drain
+    // request too, without `lanepool_worker_draining`), one that drains but never finishes.
+    for pod in &older {
+        world.workers.set_busy(&world.namespace, "jobs", pod, true);
+    }
+    let (no_drain, stuck) = (&newer[0], &newer[1]);
+    let no_drain_requests = world
+        .answers_itself(no_drain, "lanepool_worker_busy 0\n")
+        .await;
+    let stuck_requests = world
+        .answers_itself(
+            stuck,
+            "lanepool_worker_busy{lane=\"urgent\"} 1\nlanepool_worker_draining 1\n",
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    world.urgent(50.0);
+    until(60, "the reserve shrinks back to two Pods", || async {
+        world.pods(RESERVED).await.len() == 2
+    })
+    .await;
+    let shrunk = Instant::now();
+    let left: BTreeSet<String> = world
+        .pods(RESERVED)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(left, older, "the idle and the drained worker go");
+
+    let first_drain = |requests: &Requests| {
+        requests
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, line)| line.starts_with("POST /drain?seconds="))
+            .map(|(at, _)| *at)
+    };
+    // Asked once, it did not drain: the shrink did not wait for it.
+    assert!(first_drain(&no_drain_requests).is_some(), "never asked");
+    // The stuck worker held the shrink for the drain timeout (3 × 20 ms, so the shortest: 2 s),
+    // not for the 2 minutes of --drain-timeout, nor forever.
+    let asked = first_drain(&stuck_requests).expect("the stuck worker was asked to drain");
+    let held = shrunk.duration_since(asked);
+    assert!(
+        held >= Duration::from_millis(1900) && held < Duration::from_secs(15),
+        "the shrink came {held:?} after the drain began"
+    );
+    let draining = Api::<k8s_openapi::api::core::v1::Event>::namespaced(
+        world.client.clone(),
+        &world.namespace,
+    )
+    .list(&ListParams::default())
+    .await
+    .unwrap()
+    .items
+    .into_iter()
+    .filter(|e| e.reason.as_deref() == Some("Draining"))
+    .filter_map(|e| e.message)
+    .collect::<Vec<_>>();
+    assert!(
+        draining
+            .iter()
+            .any(|note| note.contains(stuck.as_str()) && !note.contains(no_drain.as_str())),
+        "{draining:?}"
+    );
 }
 
 /// Four bytes that differ from one call to the next (no random-number crate needed).

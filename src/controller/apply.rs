@@ -11,6 +11,7 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::{Context, MANAGER};
+use super::drain::Shrink;
 use super::surge;
 use super::workers::{
     Role, TEMPLATE_HASH, pool_roles, spec_replicas, template_json, worker_deployments,
@@ -41,6 +42,8 @@ fn ready_replicas(deployment: &Deployment) -> i32 {
 pub(super) struct SurgeStep {
     pub(super) replicas: Replicas,
     pub(super) waiting: bool,
+    /// The Deployments `decided` shrinks, whether or not the surge lets them shrink yet.
+    pub(super) shrinks: Vec<Shrink>,
 }
 
 /// Where the Deployments are on the way to `decided`: see [`surge::step`]. A shrink starts from
@@ -70,6 +73,27 @@ pub(super) fn surge_step(
         })
         .collect();
     let step = surge::step(&counts, waited, timeout);
+    let selectors: BTreeMap<String, String> = worker_deployments(pool, decided)
+        .iter()
+        .map(|d| (d.name_any(), selector_of(d)))
+        .collect();
+    let shrinks = roles
+        .iter()
+        .zip(&counts)
+        .filter_map(|((name, role, _), c)| {
+            let live = c.live.filter(|live| c.target < *live)?;
+            Some(Shrink {
+                deployment: name.clone(),
+                selector: selectors.get(name).cloned().unwrap_or_default(),
+                live,
+                to: c.target,
+                lanes: match role {
+                    Role::Reserved { lane } => vec![lane.clone()],
+                    Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),
+                },
+            })
+        })
+        .collect();
     let mut replicas = decided.clone();
     for ((_, role, _), count) in roles.iter().zip(step.apply) {
         match role {
@@ -82,7 +106,19 @@ pub(super) fn surge_step(
     SurgeStep {
         replicas,
         waiting: step.waiting,
+        shrinks,
     }
+}
+
+/// A Deployment's Pod selector, `key=value,…`.
+fn selector_of(deployment: &Deployment) -> String {
+    let labels = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default();
+    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    selector.join(",")
 }
 
 /// The Deployments that `replicas` shrinks, each with its Pods' label selector.
@@ -97,15 +133,7 @@ pub(super) fn shrinking(
             let live = existing.get(&desired.name_any()).and_then(spec_replicas);
             live.is_some_and(|live| spec_replicas(desired).unwrap_or(0) < live)
         })
-        .map(|desired| {
-            let labels = desired
-                .spec
-                .as_ref()
-                .and_then(|s| s.selector.match_labels.clone())
-                .unwrap_or_default();
-            let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            (desired.name_any(), selector.join(","))
-        })
+        .map(|desired| (desired.name_any(), selector_of(desired)))
         .collect()
 }
 
@@ -115,12 +143,22 @@ pub(super) fn hold_shrinks(
     existing: &BTreeMap<String, Deployment>,
     replicas: &Replicas,
 ) -> Replicas {
+    hold(pool, existing, replicas, |_| true)
+}
+
+/// `replicas` with the shrinking Deployments that `held_back` names kept at their live counts.
+pub(super) fn hold(
+    pool: &LanePool,
+    existing: &BTreeMap<String, Deployment>,
+    replicas: &Replicas,
+    held_back: impl Fn(&str) -> bool,
+) -> Replicas {
     let mut held = replicas.clone();
     for (name, role, count) in pool_roles(pool, replicas) {
         let Some(live) = existing.get(&name).and_then(spec_replicas) else {
             continue;
         };
-        if count < live {
+        if count < live && held_back(&name) {
             match role {
                 Role::Reserved { lane } => {
                     held.reserved.insert(lane, live);

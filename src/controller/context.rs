@@ -42,6 +42,9 @@ pub struct Settings {
     pub concurrent_reconciles: u16,
     /// Before a Deployment shrinks, mark its busy Pods costlier to delete, so idle ones go first.
     pub idle_workers_first: bool,
+    /// With idle workers first: the most a shrink waits for the workers it stops to finish their
+    /// jobs after asking them to drain (a lane's job times bound it lower); zero: no drain.
+    pub drain_timeout: Duration,
 }
 
 /// The operator's default limit on pools reconciled at once (`--concurrent-reconciles`).

@@ -6,9 +6,10 @@
 //! the pool's Prometheus instead. Both give the workers' `lanepool_worker_busy` gauge (by `pod`
 //! and the `lane` of the job in hand) and `lanepool_worker_job_started_timestamp_seconds`. Only
 //! Pods of a Deployment about to shrink are read or written, and only those whose cost changes;
-//! a failure here never holds a shrink back.
+//! a failure here never holds a shrink back. Workers drained before the shrink (`drain.rs`) cost
+//! least of all.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +37,8 @@ pub const BUSY_COST: i32 = 1000;
 const MAX_COST: i32 = 1_000_000_000;
 /// A worker waiting for a job, or one whose work is not known (just started, not scraped).
 pub const IDLE_COST: i32 = 0;
+/// A worker drained for this shrink: idle, and taking no new job, so it goes before any other.
+pub const DRAINED_COST: i32 = -1;
 /// The container port a worker serves its gauges on, as Prometheus scrapes them.
 pub const METRICS_PORT: &str = "metrics";
 
@@ -131,17 +134,22 @@ pub fn cost(work: Option<&Work>, job_seconds: &BTreeMap<String, f64>, now: f64) 
     }
 }
 
-/// The Pods whose annotation must change, with their new cost (see [`cost`]). `pods` are
-/// (name, the annotation now).
+/// The Pods whose annotation must change, with their new cost (see [`cost`]; [`DRAINED_COST`]
+/// for the `drained` ones). `pods` are (name, the annotation now).
 pub fn cost_changes(
     pods: &[(String, Option<String>)],
     work: &HashMap<String, Work>,
     job_seconds: &BTreeMap<String, f64>,
+    drained: &BTreeSet<String>,
     now: f64,
 ) -> Vec<(String, i32)> {
     pods.iter()
         .filter_map(|(name, current)| {
-            let cost = cost(work.get(name), job_seconds, now);
+            let cost = if drained.contains(name) {
+                DRAINED_COST
+            } else {
+                cost(work.get(name), job_seconds, now)
+            };
             let unchanged = current.as_deref().and_then(|v| v.parse::<i32>().ok()) == Some(cost)
                 || (current.is_none() && cost == IDLE_COST);
             (!unchanged).then(|| (name.clone(), cost))
@@ -186,6 +194,17 @@ pub fn metrics_address(pod: &Pod) -> Option<String> {
     } else {
         format!("{ip}:{port}")
     })
+}
+
+/// The values of `metric`'s series in a worker's `/metrics` text (the Prometheus text format).
+pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(parse_sample_line)
+        .filter(|(name, _, _)| *name == metric)
+        .filter_map(|(_, _, rest)| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .collect()
 }
 
 /// The busy and job-start series of a worker's `/metrics` text (the Prometheus text format),
@@ -260,7 +279,7 @@ fn parse_sample_line(line: &str) -> Option<(&str, BTreeMap<String, String>, &str
 }
 
 /// The client the Pods are asked with: plain HTTP, never through a proxy, short timeouts.
-fn workers_http() -> Option<&'static reqwest::Client> {
+pub(super) fn workers_http() -> Option<&'static reqwest::Client> {
     static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
@@ -342,40 +361,57 @@ async fn ask_prometheus(
     Some((busy, started.unwrap_or_default()))
 }
 
-/// Ranks the Pods selected by `selector` (one Deployment's) for deletion. Logs and gives up on
-/// any failure: the shrink goes ahead either way, as it would without this step.
-pub(super) async fn rank_before_shrink(
-    pool: &LanePool,
+/// The live (not terminating) Pods selected by `selector` (one Deployment's).
+pub(super) async fn live_pods(
     ctx: &Context,
-    connection: Option<&Connection>,
+    namespace: &str,
     deployment: &str,
     selector: &str,
-) {
-    let started = std::time::Instant::now();
-    let namespace = pool.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+) -> crate::Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let listed = ctx
         .read(
             format!("listing the Pods of Deployment {deployment}"),
             pods.list(&ListParams::default().labels(selector)),
         )
-        .await;
-    let listed = match listed {
-        Ok(list) => list.items,
-        Err(error) => {
-            warn!(deployment, %error, "Pods not ranked before the shrink");
-            return;
-        }
-    };
-    let live: Vec<&Pod> = listed
-        .iter()
+        .await?;
+    Ok(listed
+        .items
+        .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    if live.is_empty() {
-        return;
+        .collect())
+}
+
+/// What a Deployment's workers are doing, read just now.
+pub(super) struct Reading {
+    pub(super) work: HashMap<String, Work>,
+    /// Every lane's mean job time.
+    pub(super) job_seconds: BTreeMap<String, f64>,
+    /// Unix seconds when read.
+    pub(super) now: f64,
+    /// How many workers answered themselves.
+    pub(super) answered: usize,
+}
+
+impl Reading {
+    /// A Pod's cost (see [`cost`]).
+    pub(super) fn cost(&self, pod: &str) -> i32 {
+        cost(self.work.get(pod), &self.job_seconds, self.now)
     }
+}
+
+/// Asks each of `live` (and Prometheus for those that do not answer) what it is doing; `None`
+/// when no one could say.
+pub(super) async fn read_work(
+    pool: &LanePool,
+    ctx: &Context,
+    connection: Option<&Connection>,
+    deployment: &str,
+    live: &[&Pod],
+) -> Option<Reading> {
+    let namespace = pool.namespace().unwrap_or_default();
     // Each worker asked now, and Prometheus (a scrape old) only for those that did not answer.
-    let (busy, job_started) = ask_workers(&live).await;
+    let (busy, job_started) = ask_workers(live).await;
     let mut work = busy_pods(&busy, &job_started);
     let answered = work.len();
     if live.iter().any(|p| !work.contains_key(&p.name_any())) {
@@ -385,13 +421,7 @@ pub(super) async fn rank_before_shrink(
                     work.entry(pod).or_insert(scraped);
                 }
             }
-            None if answered == 0 => {
-                warn!(
-                    deployment,
-                    "Pods not ranked before the shrink: no worker answered"
-                );
-                return;
-            }
+            None if answered == 0 => return None,
             None => {}
         }
     }
@@ -402,11 +432,57 @@ pub(super) async fn rank_before_shrink(
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64();
+    Some(Reading {
+        work,
+        job_seconds,
+        now,
+        answered,
+    })
+}
+
+/// Ranks the Pods selected by `selector` (one Deployment's) for deletion, the `drained` ones
+/// first of all. Logs and gives up on any failure: the shrink goes ahead either way, as it would
+/// without this step.
+pub(super) async fn rank_before_shrink(
+    pool: &LanePool,
+    ctx: &Context,
+    connection: Option<&Connection>,
+    deployment: &str,
+    selector: &str,
+    drained: &BTreeSet<String>,
+) {
+    let started = std::time::Instant::now();
+    let namespace = pool.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let listed = match live_pods(ctx, &namespace, deployment, selector).await {
+        Ok(listed) => listed,
+        Err(error) => {
+            warn!(deployment, %error, "Pods not ranked before the shrink");
+            return;
+        }
+    };
+    let live: Vec<&Pod> = listed.iter().collect();
+    if live.is_empty() {
+        return;
+    }
+    let Some(reading) = read_work(pool, ctx, connection, deployment, &live).await else {
+        warn!(
+            deployment,
+            "Pods not ranked before the shrink: no worker answered"
+        );
+        return;
+    };
+    let Reading {
+        work,
+        job_seconds,
+        now,
+        answered,
+    } = &reading;
     let names: Vec<(String, Option<String>)> = live
         .iter()
         .map(|p| (p.name_any(), p.annotations().get(DELETION_COST).cloned()))
         .collect();
-    let changes = cost_changes(&names, &work, &job_seconds, now);
+    let changes = cost_changes(&names, work, job_seconds, drained, *now);
     let busy_count = names
         .iter()
         .filter(|(name, _)| matches!(work.get(name), Some(Work::Busy { .. })))
@@ -415,7 +491,7 @@ pub(super) async fn rank_before_shrink(
     let ending = names
         .iter()
         .filter(|(name, _)| {
-            expected_left(work.get(name), &job_seconds, now).is_some_and(|left| left <= grace)
+            expected_left(work.get(name), job_seconds, *now).is_some_and(|left| left <= grace)
         })
         .count();
     let params = PatchParams::default();
@@ -450,6 +526,7 @@ pub(super) async fn rank_before_shrink(
         ms = started.elapsed().as_millis() as u64,
         answered,
         ending_within_grace = ending,
+        drained = drained.len(),
         "Pods ranked before the shrink: idle workers go first"
     );
 }
@@ -558,13 +635,26 @@ mod tests {
             ("e".to_string(), Some("0".to_string())),       // idle and marked so: leave
         ];
         assert_eq!(
-            cost_changes(&pods, &work, &BTreeMap::new(), NOW),
+            cost_changes(&pods, &work, &BTreeMap::new(), &BTreeSet::new(), NOW),
             vec![
                 ("a".to_string(), BUSY_COST),
                 ("b".to_string(), IDLE_COST),
                 ("d".to_string(), IDLE_COST)
             ]
         );
+        // A drained worker goes before every idle one, even one not marked yet.
+        let drained = BTreeSet::from(["c".to_string(), "e".to_string()]);
+        assert_eq!(
+            cost_changes(&pods, &work, &BTreeMap::new(), &drained, NOW),
+            vec![
+                ("a".to_string(), BUSY_COST),
+                ("b".to_string(), IDLE_COST),
+                ("c".to_string(), DRAINED_COST),
+                ("d".to_string(), IDLE_COST),
+                ("e".to_string(), DRAINED_COST)
+            ]
+        );
+        const { assert!(DRAINED_COST < IDLE_COST) };
     }
 
     #[test]

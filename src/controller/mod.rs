@@ -4,13 +4,16 @@
 //! Prometheus (only when due: Deployment events in between re-apply the last decision without
 //! querying); **decide** with the pure sizing decision; **apply** the Deployments by server-side
 //! apply as a surge (growing ones at once, shrinking ones once the others are ready), restoring
-//! replicas and templates anyone else changed, after ranking a shrinking Deployment's Pods so
-//! idle workers go first (`idle_first.rs`); **report** status (only when it changed),
+//! replicas and templates anyone else changed, after draining the workers a shrink will stop
+//! (`drain.rs`: asked to take no new job, the shrink held, across reconciles, until they are idle
+//! or the drain times out) and ranking a shrinking Deployment's Pods so idle and drained workers
+//! go first (`idle_first.rs`); **report** status (only when it changed),
 //! conditions and events. Errors the CRD cannot catch (a missing Secret, a URL not allowed, a
 //! name taken) set Ready=False and are retried with backoff, without touching other pools.
 
 mod apply;
 mod context;
+mod drain;
 mod events;
 mod grace;
 mod idle_first;
@@ -34,13 +37,14 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
+pub use drain::{DEFAULT_DRAIN_TIMEOUT, DRAINING_METRIC};
 pub use events::{Recorder, SERIES_TTL, Said};
 pub use grace::GRACE_PERIOD_TOO_SHORT;
-pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, IDLE_COST};
+pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, DRAINED_COST, IDLE_COST};
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
@@ -287,49 +291,103 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         memory.surge_waited(now),
         ctx.settings.surge_timeout,
     );
+    let surge_waited = memory.surge_waited(now);
     memory.surging(surge.waiting, now);
+    if let Some(waited) = surge_waited.filter(|_| !surge.waiting) {
+        let waited_ms = waited.as_millis() as u64;
+        if waited >= ctx.settings.surge_timeout {
+            info!(
+                waited_ms,
+                "surge timed out: the shrinking Deployments may shrink"
+            );
+        } else {
+            info!(
+                waited_ms,
+                "surge over: the growing Deployments are ready, the shrinking ones may shrink"
+            );
+        }
+    }
     ctx.keep(&key, &memory);
-    let shrinking = if ctx.settings.idle_workers_first {
+    let draining = ctx.settings.idle_workers_first && !ctx.settings.drain_timeout.is_zero();
+    let shrinks = if draining {
+        surge.shrinks.clone()
+    } else {
+        Vec::new()
+    };
+    let shrinking_now = if ctx.settings.idle_workers_first {
         apply::shrinking(pool, &existing, &surge.replicas)
     } else {
         Vec::new()
     };
-    if !shrinking.is_empty() {
-        // Growth first: ranking the Pods of a shrinking Deployment must never delay new workers
-        // (both in one step only when the surge is off or timed out).
+    if !shrinks.is_empty() || !shrinking_now.is_empty() {
+        // Growth first: draining and ranking the Pods of a shrinking Deployment must never delay
+        // new workers (both in one step only when the surge is off or timed out). Nothing is
+        // written when the growth is there already.
         let growth = apply::hold_shrinks(pool, &existing, &surge.replicas);
-        if growth != surge.replicas {
-            apply::apply_deployments(
-                pool,
-                ctx,
-                &deployments,
-                &existing,
-                &growth,
-                previous.as_ref().or(start.current.as_ref()),
-            )
-            .await?;
-        }
-        for (deployment, selector) in shrinking {
-            idle_first::rank_before_shrink(
-                pool,
-                ctx,
-                memory.connection.as_ref(),
-                &deployment,
-                &selector,
-            )
-            .await;
-        }
+        apply::apply_deployments(
+            pool,
+            ctx,
+            &deployments,
+            &existing,
+            &growth,
+            previous.as_ref().or(start.current.as_ref()),
+        )
+        .await?;
+    }
+    // A decided shrink drains its workers while the surge waits; it goes ahead once both allow.
+    let held = if draining || !memory.drains.is_empty() {
+        let mut drains = std::mem::take(&mut memory.drains);
+        let held = drain::drain_before_shrinks(
+            pool,
+            ctx,
+            memory.connection.as_ref(),
+            &mut drains,
+            &shrinks,
+            now,
+        )
+        .await;
+        memory.drains = drains;
+        ctx.keep(&key, &memory);
+        held
+    } else {
+        Default::default()
+    };
+    let replicas = apply::hold(pool, &existing, &surge.replicas, |d| held.contains(d));
+    let shrinking = if ctx.settings.idle_workers_first {
+        apply::shrinking(pool, &existing, &replicas)
+    } else {
+        Vec::new()
+    };
+    for (deployment, selector) in &shrinking {
+        let drained = memory
+            .drains
+            .get(deployment)
+            .map(drain::Drain::idle)
+            .unwrap_or_default();
+        idle_first::rank_before_shrink(
+            pool,
+            ctx,
+            memory.connection.as_ref(),
+            deployment,
+            selector,
+            &drained,
+        )
+        .await;
     }
     apply::apply_deployments(
         pool,
         ctx,
         &deployments,
         &existing,
-        &surge.replicas,
+        &replicas,
         previous.as_ref().or(start.current.as_ref()),
     )
     .await?;
-    memory.applied(surge.replicas);
+    // A drain ends with its shrink: the workers it stopped are going.
+    for (deployment, _) in &shrinking {
+        memory.drains.remove(deployment);
+    }
+    memory.applied(replicas);
     memory.swept = pool.metadata.generation;
     ctx.keep(&key, &memory);
 

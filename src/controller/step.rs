@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
+use super::drain::{self, Drain};
 use super::workers::{Role, pool_roles, spec_replicas};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
@@ -41,6 +42,8 @@ pub(super) struct PoolMemory {
     pub(super) status_written: Option<Duration>,
     /// Decisions in a row with some lane's metrics unavailable.
     pub(super) failed_intervals: u32,
+    /// The drains of shrinking Deployments, by Deployment name.
+    pub(super) drains: BTreeMap<String, Drain>,
 }
 
 /// How old the measurements in a status may get while they stay within their tolerance.
@@ -141,7 +144,8 @@ impl PoolMemory {
     /// pool's `jitter` (a share of the interval below a tenth, which a measurement forgives: see
     /// [`Self::start`]) so pools started together do not query together forever; or sooner when
     /// a waiting shrink's timeout ends first (readiness arrives as Deployment events, the timeout
-    /// has to be watched for); never sooner than a second.
+    /// has to be watched for); never sooner than a second, except to follow a drain (see
+    /// [`drain::requeue`]).
     pub(super) fn requeue_after(
         &self,
         interval: Duration,
@@ -157,7 +161,8 @@ impl PoolMemory {
         if let Some(since) = self.surge_since {
             wait = wait.min((since + surge_timeout).saturating_sub(now));
         }
-        wait.max(Duration::from_secs(1))
+        let wait = wait.max(Duration::from_secs(1));
+        drain::requeue(&self.drains, now).map_or(wait, |soon| wait.min(soon))
     }
 }
 
@@ -434,6 +439,46 @@ mod tests {
         assert_eq!(
             memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
             secs(9)
+        );
+    }
+
+    #[test]
+    fn a_busy_drained_worker_brings_the_reconcile_back_within_a_second() {
+        let mut memory = after_decision(secs(100));
+        let busy = drain::Drained {
+            asked_at: secs(100),
+            idle: false,
+        };
+        memory.drains.insert(
+            "jobs-shared".into(),
+            Drain {
+                timeout: secs(9),
+                pods: BTreeMap::from([("jobs-shared-a".to_string(), busy)]),
+                ..Default::default()
+            },
+        );
+        let timeout = secs(120);
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
+            drain::DRAIN_POLL
+        );
+        // Idle (or out of time): renewed before it lapses, not polled.
+        memory
+            .drains
+            .get_mut("jobs-shared")
+            .unwrap()
+            .pods
+            .get_mut("jobs-shared-a")
+            .unwrap()
+            .idle = true;
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
+            drain::DRAIN_RENEW
+        );
+        assert_eq!(
+            memory.requeue_after_plain(INTERVAL, timeout, secs(108)),
+            secs(2),
+            "the next measurement comes first"
         );
     }
 

@@ -5,6 +5,7 @@
 
 mod certs;
 mod control_plane;
+mod examples;
 mod operator;
 mod process;
 mod prometheus;
@@ -15,6 +16,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 
 pub use control_plane::{ControlPlane, Controllers, shared, shared_with, unique_name};
+pub use examples::example;
 pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};

@@ -1,0 +1,366 @@
+//! Drained scale-downs against real components: kube-controller-manager makes the Pods, the
+//! process kubelet (`examples/local_kubelet.rs`) runs each as a real `lane_worker` taking real
+//! jobs from `lane_queue`, with a grace period shorter than a job. The reserve grows in a
+//! saturated pool, so the shared Deployment shrinks under busy workers: with draining no job is
+//! cut short and the reserve grows as fast as without; without it, the stopped workers' jobs are.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use lanepool::api::LanePool;
+use lanepool_testenv::{
+    self as testenv, Controllers, InProcessOperator, TestPrometheus, example, http_get,
+};
+use serde_json::json;
+
+/// Each batch job: long enough that a drained worker is still busy well after the new reserved
+/// workers are ready, ten times the grace period.
+const BATCH_SECONDS: f64 = 10.0;
+const GRACE_SECONDS: i64 = 1;
+const SHARED: &str = "lanepool.dev/pool=jobs,lanepool.dev/role=shared";
+
+/// A child process killed (with its workers: they die with their kubelet) when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One test's world: a namespace of the shared control plane (with its controller-manager), a
+/// lane queue with a batch backlog of long jobs, Prometheus, a process kubelet and the operator.
+struct World {
+    client: Client,
+    namespace: String,
+    queue: SocketAddr,
+    _kubelet: Killed,
+    _queue: Killed,
+    _prometheus: TestPrometheus,
+    _operator: InProcessOperator,
+}
+
+impl World {
+    async fn start(prefix: &str, drain_timeout: Duration) -> Self {
+        let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
+        let client = plane.client().await.unwrap();
+        let namespace = plane.namespace(&client, prefix).await.unwrap();
+        let (queue_process, queue) = start_queue(&namespace);
+        let prometheus = TestPrometheus::start(&[queue]).unwrap();
+        let logs: PathBuf = plane.dir().join(format!("workers-{namespace}"));
+        // A loopback block of its own, so parallel tests and the demo never share an address.
+        let block = 2 + namespace.bytes().map(u32::from).sum::<u32>() % 240;
+        let kubelet = Command::new(example("local_kubelet"))
+            .args(["--namespace", &namespace, "--node", &namespace])
+            .args(["--queue-url", &format!("http://{queue}")])
+            .arg("--worker")
+            .arg(example("lane_worker"))
+            .arg("--log-dir")
+            .arg(&logs)
+            .arg("--pod-targets")
+            .arg(prometheus.pod_targets())
+            .args(["--ip-block", &block.to_string()])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting local_kubelet");
+        let mut settings = InProcessOperator::settings(prometheus.url());
+        settings.drain_timeout = drain_timeout;
+        let operator =
+            InProcessOperator::start_with(client.clone(), vec![namespace.clone()], settings);
+        Self {
+            client,
+            namespace,
+            queue,
+            _kubelet: Killed(kubelet),
+            _queue: queue_process,
+            _prometheus: prometheus,
+            _operator: operator,
+        }
+    }
+
+    /// The pool `jobs`: 5 workers, 1–4 reserved for urgent (which barely arrives: 1 reserved),
+    /// the rest shared and saturated by the batch backlog; a grace period of 1 s.
+    async fn apply_pool(&self) {
+        let pool: LanePool = serde_json::from_value(json!({
+            "apiVersion": "lanepool.dev/v1alpha1",
+            "kind": "LanePool",
+            "metadata": {"name": "jobs"},
+            "spec": {
+                "lanes": lanes(1),
+                "headroom": 1.5,
+                "totalWorkers": 5,
+                "shared": {"minReplicas": 1},
+                "interval": "5s",
+                "template": {"spec": {
+                    "terminationGracePeriodSeconds": GRACE_SECONDS,
+                    "containers": [{
+                        "name": "worker",
+                        "image": "ghcr.io/lanepool/lane-worker:0.1.0",
+                        "ports": [{"name": "metrics", "containerPort": 9100}],
+                        "env": [
+                            {"name": "LANEPOOL_QUEUE_URL", "value": format!("http://{}", self.queue)},
+                            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                            {"name": "LANEPOOL_METRICS_ADDR", "value": "$(POD_IP):9100"},
+                        ],
+                    }],
+                }},
+            },
+        }))
+        .unwrap();
+        Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    /// Raises the reserve's minimum: the reserve grows at once and the shared workers shrink.
+    async fn raise_reserve(&self, min: i32) {
+        Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
+            .patch(
+                "jobs",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"lanes": lanes(min)}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn deployment(&self, name: &str) -> Option<Deployment> {
+        Api::<Deployment>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt(name)
+            .await
+            .unwrap()
+    }
+
+    /// `spec.replicas` and `status.readyReplicas` of a Deployment (0 when it is missing).
+    async fn counts(&self, name: &str) -> (i32, i32) {
+        let deployment = self.deployment(name).await;
+        let spec = deployment
+            .as_ref()
+            .and_then(|d| d.spec.as_ref()?.replicas)
+            .unwrap_or(0);
+        let ready = deployment
+            .as_ref()
+            .and_then(|d| d.status.as_ref()?.ready_replicas)
+            .unwrap_or(0);
+        (spec, ready)
+    }
+
+    async fn pods(&self, selector: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items
+    }
+
+    /// How long ago each shared worker's job started, `None` for one idle or not answering.
+    async fn shared_job_ages(&self) -> Vec<Option<f64>> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        self.pods(SHARED)
+            .await
+            .iter()
+            .map(|pod| {
+                let ip = pod.status.as_ref()?.pod_ip.clone()?;
+                let (_, gauges) = http_get(format!("{ip}:9100").parse().ok()?, "/metrics").ok()?;
+                let started = gauges
+                    .lines()
+                    .find(|l| l.starts_with("lanepool_worker_job_started_timestamp_seconds{"))?
+                    .rsplit(' ')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()?;
+                Some(now - started)
+            })
+            .collect()
+    }
+
+    /// The queue's count of batch jobs taken back from a worker that died holding one.
+    fn cut_short(&self) -> f64 {
+        let (_, metrics) = http_get(self.queue, "/metrics").unwrap();
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("lanepool_jobs_cut_short_total{") && l.contains("lane=\"batch\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no cut-short count in:\n{metrics}"))
+    }
+
+    async fn events(&self, reason: &str) -> Vec<String> {
+        Api::<Event>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.message)
+            .collect()
+    }
+}
+
+fn lanes(reserve_min: i32) -> serde_json::Value {
+    json!([
+        {"name": "urgent", "reserve": {"min": reserve_min, "max": 4, "jobTime": {"fallback": "20ms"}}},
+        {"name": "batch"},
+    ])
+}
+
+/// The lane queue: urgent jobs at 5/s (a reserve of 1) and a backlog of 10 s batch jobs.
+fn start_queue(namespace: &str) -> (Killed, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = Command::new(example("lane_queue"))
+        .args([
+            "--listen=127.0.0.1:0",
+            "--pool=jobs",
+            "--urgent-profile=0s=5",
+        ])
+        .arg(format!("--namespace={namespace}"))
+        .args(["--batch-backlog=200", "--batch-rate=0"])
+        .arg(format!(
+            "--batch-ms={ms}..{ms}",
+            ms = (BATCH_SECONDS * 1000.0) as u64
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting lane_queue");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("the queue's first line");
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (Killed(child), addr)
+}
+
+async fn until<F, Fut>(seconds: u64, what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    testenv::poll_until(Duration::from_secs(seconds), check)
+        .await
+        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"));
+}
+
+/// What one saturated shrink did.
+struct Shrunk {
+    /// From raising the reserve to its new workers ready.
+    growth: Duration,
+    /// From raising the reserve to the shared Deployment's shrink.
+    shrink: Duration,
+    cut_short: f64,
+}
+
+/// Grows the reserve from 1 to 3 in a budget of 5 just after every shared worker took a fresh
+/// 10 s job, so the shared Deployment shrinks from 4 to 2 with every worker 8 s or more from done.
+async fn saturated_shrink(world: &World) -> Shrunk {
+    world.apply_pool().await;
+    until(90, "1 reserved and 4 shared workers ready", || async {
+        world.counts("jobs-urgent-reserved").await.1 == 1
+            && world.counts("jobs-shared").await.1 == 4
+    })
+    .await;
+    until(
+        60,
+        "every shared worker 2 s or less into its job",
+        || async {
+            let ages = world.shared_job_ages().await;
+            ages.len() == 4 && ages.iter().all(|age| age.is_some_and(|a| a < 2.0))
+        },
+    )
+    .await;
+    let raised = Instant::now();
+    world.raise_reserve(3).await;
+    let (mut growth, mut shrink) = (None, None);
+    while shrink.is_none() || growth.is_none() {
+        assert!(
+            raised.elapsed() < Duration::from_secs(60),
+            "the reserve did not grow, or shared did not shrink, within 60 s"
+        );
+        if growth.is_none() && world.counts("jobs-urgent-reserved").await.1 >= 3 {
+            growth = Some(raised.elapsed());
+        }
+        if shrink.is_none() && world.counts("jobs-shared").await.0 == 2 {
+            shrink = Some(raised.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The stopped workers are gone (finished, or killed at the end of their grace period).
+    until(30, "two shared Pods left", || async {
+        world.pods(SHARED).await.len() == 2
+    })
+    .await;
+    Shrunk {
+        growth: growth.unwrap_or_default(),
+        shrink: shrink.unwrap_or_default(),
+        cut_short: world.cut_short(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_workers_finish_their_jobs_before_the_shrink_and_the_reserve_grows_at_once() {
+    let world = World::start("drain", lanepool::controller::DEFAULT_DRAIN_TIMEOUT).await;
+    let shrunk = saturated_shrink(&world).await;
+    assert_eq!(
+        shrunk.cut_short, 0.0,
+        "a drained worker's job was cut short"
+    );
+    assert!(
+        shrunk.growth < Duration::from_secs(6),
+        "the reserve took {:?} to grow: it waited for the drain",
+        shrunk.growth
+    );
+    // The shrink waited for the jobs in hand (8 s or more), well after the reserve grew.
+    assert!(
+        shrunk.shrink >= Duration::from_secs(7),
+        "shared shrank {:?} after the reserve was raised, before its workers' jobs could end",
+        shrunk.shrink
+    );
+    let draining = world.events("Draining").await;
+    assert!(
+        draining
+            .iter()
+            .any(|note| note.starts_with("2 shared workers finish their jobs")),
+        "{draining:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_drain_a_saturated_shrink_cuts_the_stopped_workers_jobs_short() {
+    // The premise of the test above: the same shrink with draining off stops two workers 8 s
+    // from the end of their jobs, and a grace period of 1 s kills them mid-job.
+    let world = World::start("no-drain", Duration::ZERO).await;
+    let shrunk = saturated_shrink(&world).await;
+    assert!(
+        shrunk.cut_short >= 1.0,
+        "no job cut short: the scenario does not stop busy workers"
+    );
+    assert!(
+        shrunk.shrink < Duration::from_secs(7),
+        "shared shrank {:?} after the reserve was raised",
+        shrunk.shrink
+    );
+    assert!(world.events("Draining").await.is_empty());
+}
