@@ -1220,6 +1220,45 @@ async fn an_operator_killed_mid_scale_down_keeps_the_window_after_restart() {
     );
 }
 
+/// More pools waiting when the operator starts than it reconciles at once: every one is sized.
+/// (Reconciles once waited for the Deployment cache's first list; a full set of them stalled
+/// the watch that fills it, and the cache's readiness woke only its last waiter.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_waiting_at_start_beyond_the_concurrent_reconciles_are_all_sized() {
+    let mut world = World::start("backlog").await;
+    world.operator.take().expect("an operator").kill();
+    // "jobs" among them, the pool a failed wait reports the status of.
+    let names: Vec<String> = (0..12)
+        .map(|i| {
+            if i == 0 {
+                "jobs".into()
+            } else {
+                format!("jobs-{i}")
+            }
+        })
+        .collect();
+    for name in &names {
+        world
+            .workers
+            .set_lane(&world.namespace, name, "urgent", 30.0, 0.020);
+        world.apply_named(name, |_| {}).await;
+    }
+    let mut settings = InProcessOperator::settings(world.prometheus.url());
+    settings.concurrent_reconciles = 2;
+    world.operator = Some(InProcessOperator::start_with(
+        world.client.clone(),
+        vec![world.namespace.clone()],
+        settings,
+    ));
+    let shared = ListParams::default().labels("lanepool.dev/role=shared");
+    world
+        .until(30, "every pool's shared Deployment", || async {
+            let list = world.deployments().list(&shared).await.unwrap();
+            list.items.len() == names.len()
+        })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubectl_set_image_on_a_managed_deployment_is_undone_once() {
     let world = World::start("drift").await;

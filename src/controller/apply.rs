@@ -314,12 +314,12 @@ fn same_template(found: &Deployment, desired: &Deployment) -> bool {
     hash(found).is_some() && hash(found) == hash(desired)
 }
 
-pub(super) async fn autoscaler_conflict(
+pub(super) fn autoscaler_conflict(
     pool: &LanePool,
     ctx: &Context,
     namespace: &str,
 ) -> Result<Option<String>> {
-    let autoscalers = ctx.autoscalers(namespace).await;
+    let autoscalers = ctx.autoscalers(namespace);
     let ours = pool_roles(pool, &Replicas::default());
     Ok(autoscalers.iter().find_map(|hpa| {
         let target = &hpa.spec.as_ref()?.scale_target_ref;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::runtime::events::EventType;
@@ -142,27 +143,34 @@ impl Context {
         let _ = self.caches.set(caches);
     }
 
-    /// The caches, once every one has its first list.
-    async fn ready_caches(&self) -> &[Caches] {
-        let caches = self.caches.get().map(Vec::as_slice).unwrap_or_default();
-        for cache in caches {
-            let _ = cache.deployments.wait_until_ready().await;
-            let _ = cache.autoscalers.wait_until_ready().await;
-        }
-        caches
+    /// Whether every watch cache has its first list. Asked without waiting: a reconcile that
+    /// finds them not ready comes back shortly (see [`CACHES_NOT_READY`]) instead of waiting.
+    /// Waiting would hang it: a store's readiness wakes only the last of its waiters (one
+    /// oneshot receiver shared by all), and the Deployment watch advances only while the
+    /// controller has a free slot, which reconciles waiting on it would take.
+    pub(super) fn caches_ready(&self) -> bool {
+        self.caches.get().is_some_and(|caches| {
+            caches
+                .iter()
+                .all(|cache| ready_now(&cache.deployments) && ready_now(&cache.autoscalers))
+        })
+    }
+
+    fn caches(&self) -> &[Caches] {
+        self.caches.get().map(Vec::as_slice).unwrap_or_default()
     }
 
     /// A pool's Deployments, from the watch cache: each of `names` looked up by its key, and
     /// when `sweep` every Deployment labelled as the pool's (a scan of the whole cache, for what
     /// a removed lane left behind: after a spec change or a restart, not on every reconcile).
-    pub(super) async fn pool_deployments(
+    pub(super) fn pool_deployments(
         &self,
         namespace: &str,
         pool: &str,
         names: &[String],
         sweep: bool,
     ) -> Vec<Deployment> {
-        let caches = self.ready_caches().await;
+        let caches = self.caches();
         let stores = || caches.iter().map(|c| &c.deployments);
         let labelled =
             |d: &CachedDeployment| d.labels().get(POOL_LABEL).map(String::as_str) == Some(pool);
@@ -182,8 +190,8 @@ impl Context {
     }
 
     /// The autoscalers of a namespace, from the watch cache.
-    pub(super) async fn autoscalers(&self, namespace: &str) -> Vec<Arc<HorizontalPodAutoscaler>> {
-        let caches = self.ready_caches().await;
+    pub(super) fn autoscalers(&self, namespace: &str) -> Vec<Arc<HorizontalPodAutoscaler>> {
+        let caches = self.caches();
         in_namespace(caches.iter().map(|c| &c.autoscalers), namespace, |_| true)
     }
 
@@ -272,6 +280,22 @@ impl Context {
             warn!(%error, "could not publish an event");
         }
     }
+}
+
+/// How soon a reconcile that found the watch caches without their first list comes back.
+pub(super) const CACHES_NOT_READY: Duration = Duration::from_millis(250);
+
+/// Whether a store has its first list, asked once: polling the readiness future only stores
+/// this caller's waker, which nothing relies on.
+fn ready_now<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|r| r.is_ok())
 }
 
 /// The longest start of `text` that fits in `bytes` bytes without splitting a character.

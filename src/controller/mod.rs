@@ -240,6 +240,9 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(interval));
     }
 
+    if !ctx.caches_ready() {
+        return Ok(Action::requeue(context::CACHES_NOT_READY));
+    }
     let sizing = PoolSizing::from_spec(&pool.spec)?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut memory = ctx.memory(&key);
@@ -250,7 +253,6 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
     let existing: BTreeMap<String, Deployment> = ctx
         .pool_deployments(&namespace, &name, &names, sweep)
-        .await
         .into_iter()
         .map(|d| (d.name_any(), d))
         .collect();
@@ -392,7 +394,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     ctx.keep(&key, &memory);
 
     if let Some((decision, grace)) = decision {
-        let hpa = apply::autoscaler_conflict(pool, ctx, &namespace).await?;
+        let hpa = apply::autoscaler_conflict(pool, ctx, &namespace)?;
         let mut conditions = status::decision_conditions(&decision, hpa);
         conditions.push(grace);
         let refresh = memory
