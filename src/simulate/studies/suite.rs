@@ -238,6 +238,12 @@ impl Case {
     pub fn oracle_share(&self) -> Option<f64> {
         self.oracle.map(|o| self.autoscaled.batch_per_second / o)
     }
+
+    /// The oracle's own margin over the static frontier at the autoscaled p99: the most any
+    /// sizing could win on this run, since the oracle switches with no delay and no cost.
+    pub fn ceiling(&self) -> Option<f64> {
+        self.oracle.zip(self.frontier).map(|(o, f)| o / f - 1.0)
+    }
 }
 
 /// Runs one shape with one seed.
@@ -292,6 +298,10 @@ impl Row {
 
     pub fn mean_oracle_share(&self) -> f64 {
         mean(self.cases.iter().filter_map(Case::oracle_share))
+    }
+
+    pub fn mean_ceiling(&self) -> f64 {
+        mean(self.cases.iter().filter_map(Case::ceiling))
     }
 }
 
@@ -365,8 +375,17 @@ fn percent(value: f64) -> String {
 pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
     let rows = rows(set, duration, config);
     let mut lines = vec![format!(
-        "{:<11} {:>7} {:>8} {:>9} {:>8} {:>8} {:>7} {:>8}  {}",
-        "profile", "p99 ms", "batch/s", "frontier", "margin", "worst", "oracle", "resizes", "shape"
+        "{:<11} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7} {:>8}  {}",
+        "profile",
+        "p99 ms",
+        "batch/s",
+        "frontier",
+        "margin",
+        "worst",
+        "ceiling",
+        "oracle",
+        "resizes",
+        "shape"
     )];
     for row in &rows {
         let p99 = mean(row.cases.iter().map(|c| c.autoscaled.p99_ms));
@@ -374,7 +393,7 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
         let frontier = mean(row.cases.iter().filter_map(|c| c.frontier));
         let changes = mean(row.cases.iter().map(|c| c.changes as f64));
         lines.push(format!(
-            "{:<11} {:>7.1} {:>8.2} {:>9} {:>8} {:>8} {:>6.0}% {:>8.0}  {}",
+            "{:<11} {:>7.1} {:>8.2} {:>9} {:>8} {:>8} {:>8} {:>6.0}% {:>8.0}  {}",
             row.shape.name,
             p99,
             batch,
@@ -385,6 +404,7 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
             },
             format!("{:+.1}%", row.mean_margin() * 100.0),
             percent(row.worst_margin()),
+            format!("{:+.1}%", row.mean_ceiling() * 100.0),
             row.mean_oracle_share() * 100.0,
             changes,
             row.shape.what
@@ -396,15 +416,17 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
         .fold(f64::INFINITY, f64::min);
     let mean_margin = mean(rows.iter().map(Row::mean_margin));
     let share = mean(rows.iter().map(Row::mean_oracle_share));
+    let ceiling = mean(rows.iter().map(Row::mean_ceiling));
     let below = rows.iter().filter(|r| r.worst_margin() < 0.0).count();
     lines.push(format!(
-        "\n{} profiles × {} seeds, {} each: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average",
+        "\n{} profiles × {} seeds, {} each: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average, whose own mean margin (the ceiling) is {}",
         rows.len(),
         set.seeds.len(),
         trim(duration.as_secs_f64() / 60.0) + " min",
         percent(mean_margin),
         percent(worst),
-        trim((share * 1000.0).round() / 10.0)
+        trim((share * 1000.0).round() / 10.0),
+        percent(ceiling)
     ));
     lines.join("\n")
 }
@@ -429,6 +451,21 @@ mod tests {
         assert_eq!(frontier(&splits, 60.0), Some(36.0));
         assert_eq!(frontier(&splits, 200.0), Some(40.0));
         assert_eq!(frontier(&splits, 30.0), None);
+    }
+
+    #[test]
+    fn the_ceiling_is_the_oracles_margin_over_the_frontier_and_needs_both() {
+        let case = |frontier, oracle| Case {
+            autoscaled: point(50.0, 41.0),
+            changes: 0,
+            frontier,
+            oracle,
+        };
+        let both = case(Some(40.0), Some(42.0));
+        assert!((both.ceiling().unwrap_or(0.0) - 0.05).abs() < 1e-9);
+        assert!((both.margin() - 0.025).abs() < 1e-9, "half the ceiling won");
+        assert_eq!(case(None, Some(42.0)).ceiling(), None);
+        assert_eq!(case(Some(40.0), None).ceiling(), None);
     }
 
     #[test]
