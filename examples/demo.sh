@@ -184,7 +184,7 @@ sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
   /drained: the shrink may go ahead/ {
     idle = $0; sub(/.* idle=/, "", idle); sub(/[^0-9].*/, "", idle)
     busy = $0; sub(/.* still_busy=/, "", busy); sub(/[^0-9].*/, "", busy)
-    ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms)
+    ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms); ms += 0  # a number, not a string, for the max
     n++; workers += idle + busy; idled += idle; t += ms; if (ms > max) max = ms
   }
   END { if (n) printf "drains: %d, %d workers drained, %d idle when the shrink went ahead; waited mean %.2f s, max %.2f s\n", n, workers, idled, t / n / 1000, max / 1000 }'
