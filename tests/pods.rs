@@ -203,17 +203,9 @@ async fn deleting_a_lanepool_deletes_its_deployments_replicasets_and_pods() {
     .await;
 }
 
-/// Grows the reserve from 2 to 4 (the two newer Pods a second younger, so the ReplicaSet
-/// controller, left to itself, would remove them first), marks those two busy, and shrinks the
-/// reserve back to 2: which Pods are left. With `own_answers`, one new and one old Pod get an
-/// address where they answer for themselves (the new one busy, the old one idle) while
-/// Prometheus, a scrape behind, says the opposite of both; the other two are known to
-/// Prometheus alone (the new one busy, the old one idle).
-async fn shrink_with_the_newest_pods_busy(
-    world: &World,
-    own_answers: bool,
-) -> (BTreeSet<String>, BTreeSet<String>) {
-    // 50/s × 20 ms × 1.5 = 1.5 → 2 reserved.
+/// The example pool at 50/s (× 20 ms × 1.5 = 1.5 → 2 reserved), its workers serving their gauges
+/// at the port named `metrics`: the names of its two reserved Pods, once both are there.
+async fn two_reserved_pods_serving_metrics(world: &World) -> BTreeSet<String> {
     world.urgent(50.0);
     world
         .apply_pool_with(|spec| {
@@ -225,12 +217,25 @@ async fn shrink_with_the_newest_pods_busy(
         world.pods(RESERVED).await.len() == 2
     })
     .await;
-    let older: BTreeSet<String> = world
+    world
         .pods(RESERVED)
         .await
         .iter()
         .map(|p| p.name_any())
-        .collect();
+        .collect()
+}
+
+/// Grows the reserve from 2 to 4 (the two newer Pods a second younger, so the ReplicaSet
+/// controller, left to itself, would remove them first), marks those two busy, and shrinks the
+/// reserve back to 2: which Pods are left. With `own_answers`, one new and one old Pod get an
+/// address where they answer for themselves (the new one busy, the old one idle) while
+/// Prometheus, a scrape behind, says the opposite of both; the other two are known to
+/// Prometheus alone (the new one busy, the old one idle).
+async fn shrink_with_the_newest_pods_busy(
+    world: &World,
+    own_answers: bool,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let older = two_reserved_pods_serving_metrics(world).await;
     // Creation times have whole seconds: the new Pods must be visibly younger.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // 120/s × 20 ms × 1.5 = 3.6 → 4 reserved.
@@ -368,23 +373,7 @@ async fn a_worker_that_does_not_drain_is_ranked_only_and_one_that_never_finishes
  {
     let world = World::start("drain-bounds", true).await;
     // 50/s × 20 ms × 1.5 = 1.5 → 2 reserved, then 120/s → 4.
-    world.urgent(50.0);
-    world
-        .apply_pool_with(|spec| {
-            spec["template"]["spec"]["containers"][0]["ports"] =
-                json!([{"name": "metrics", "containerPort": OWN_METRICS_PORT}]);
-        })
-        .await;
-    until(60, "two reserved Pods", || async {
-        world.pods(RESERVED).await.len() == 2
-    })
-    .await;
-    let older: BTreeSet<String> = world
-        .pods(RESERVED)
-        .await
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
+    let older = two_reserved_pods_serving_metrics(&world).await;
     world.urgent(120.0);
     until(60, "four reserved Pods", || async {
         world.pods(RESERVED).await.len() == 4
