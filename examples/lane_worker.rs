@@ -35,9 +35,11 @@
 //! seconds without being stopped, take jobs again (so a shrink the operator called off never
 //! loses a worker for good); `seconds=0` takes jobs again at once. It answers with its gauges,
 //! `lanepool_worker_draining 1` among them, which is how the operator knows the request was
-//! understood. A worker that runs against a queue that
-//! cannot count (SQS, Redis lists…) would export `lanepool_job_duration_seconds` itself too and
-//! leave the submission count and queue depth to the producer and the queue.
+//! understood. It also exports `lanepool_job_duration_seconds`, its own count and sum of the
+//! jobs it finished per lane: the operator reads the count there each interval, so the reserve
+//! follows the lane's rate seconds old instead of waiting for Prometheus's next scrape. A worker
+//! that runs against a queue that cannot count (SQS, Redis lists…) needs it for the job time
+//! too, and leaves the submission count and queue depth to the producer and the queue.
 //!
 //!     LANEPOOL_LANES=urgent,batch LANEPOOL_ROLE=shared LANEPOOL_POOL=jobs \
 //!     LANEPOOL_QUEUE_URL=http://127.0.0.1:9464 cargo run --example lane_worker
@@ -180,6 +182,9 @@ async fn main() -> ExitCode {
     };
     // The lane of the job in hand and when it started (Unix seconds); `None` while waiting.
     let busy: Arc<Mutex<Option<(String, f64)>>> = Arc::default();
+    // Jobs this worker finished, and the seconds they ran, per lane: what the operator reads to
+    // see a lane's rate seconds old, without waiting for a scrape.
+    let finished: Arc<Mutex<Finished>> = Arc::default();
     // Until when the operator asked this worker to take no new job; `None`: not draining. The
     // sender lives as long as the worker, so `changed()` only ever wakes for a new request.
     let (drain_requests, mut drain) = watch::channel(None::<Instant>);
@@ -192,6 +197,7 @@ async fn main() -> ExitCode {
                 tokio::spawn(serve_metrics(
                     listener,
                     busy.clone(),
+                    finished.clone(),
                     drain_requests.clone(),
                 ));
             }
@@ -290,6 +296,12 @@ async fn main() -> ExitCode {
         let started = Instant::now();
         tokio::time::sleep(Duration::from_millis(job.job_ms)).await;
         let seconds = started.elapsed().as_secs_f64();
+        {
+            let mut finished = lock(&finished);
+            let (count, sum) = finished.entry(job.lane.clone()).or_default();
+            *count += 1;
+            *sum += seconds;
+        }
         println!(
             "{}: {} job {} done in {:.1} ms (waited {:.1} ms)",
             config.name,
@@ -317,13 +329,14 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Serves `lanepool_worker_busy`, `lanepool_worker_job_started_timestamp_seconds` and
-/// `lanepool_worker_draining` on every GET, and takes drain requests (`POST /drain?seconds=N`,
+/// Serves `lanepool_worker_busy`, `lanepool_worker_job_started_timestamp_seconds`,
+/// `lanepool_worker_draining` and `lanepool_job_duration_seconds` on every GET, and takes drain requests (`POST /drain?seconds=N`,
 /// answered with the same gauges): the pod's namespace, pool and name come from Prometheus's
 /// target labels (or, to the operator asking the Pod itself, from the Pod), not from the worker.
 async fn serve_metrics(
     listener: tokio::net::TcpListener,
     busy: Arc<Mutex<Option<(String, f64)>>>,
+    finished: Arc<Mutex<Finished>>,
     drain: Arc<watch::Sender<Option<Instant>>>,
 ) {
     loop {
@@ -331,6 +344,7 @@ async fn serve_metrics(
             continue;
         };
         let busy = busy.clone();
+        let finished = finished.clone();
         let drain = drain.clone();
         tokio::spawn(async move {
             // The request head, which may come in several pieces (up to 1 KiB, for 2 s).
@@ -360,7 +374,9 @@ async fn serve_metrics(
             };
             let body = if status == "200 OK" {
                 let draining = drain.borrow().is_some_and(|until| until > Instant::now());
-                gauges(lock(&busy).as_ref(), draining)
+                let mut text = gauges(lock(&busy).as_ref(), draining);
+                text.push_str(&job_durations(&lock(&finished)));
+                text
             } else {
                 "POST /drain?seconds=N (0 to 3600) stops taking jobs for N seconds\n".to_string()
             };
@@ -409,6 +425,27 @@ fn gauges(busy: Option<&(String, f64)>, draining: bool) -> String {
          # TYPE lanepool_worker_draining gauge\nlanepool_worker_draining {}\n",
         u8::from(draining)
     )
+}
+
+/// Jobs finished and the seconds they ran, per lane.
+type Finished = std::collections::BTreeMap<String, (u64, f64)>;
+
+/// `lanepool_job_duration_seconds` as a histogram with only its `+Inf` bucket: the count and sum
+/// per lane are all the operator reads (declared even before the first job, so that "no job
+/// finished yet" reads as zero jobs, not as a worker that does not count).
+fn job_durations(finished: &Finished) -> String {
+    let mut text = "# HELP lanepool_job_duration_seconds Time this worker spent running each job
+                    # TYPE lanepool_job_duration_seconds histogram
+"
+    .to_string();
+    for (lane, (count, sum)) in finished {
+        text.push_str(&format!(
+            "lanepool_job_duration_seconds_bucket{{lane=\"{lane}\",le=\"+Inf\"}} {count}\n\
+             lanepool_job_duration_seconds_sum{{lane=\"{lane}\"}} {sum:.6}\n\
+             lanepool_job_duration_seconds_count{{lane=\"{lane}\"}} {count}\n"
+        ));
+    }
+    text
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -139,7 +139,8 @@ pub struct LanePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusSource>,
 
-    /// How often to measure and resize. Default 10s; from 5s to 1h.
+    /// How often to measure and resize: each time the workers' own job counts are read (when
+    /// they serve them at a port named `metrics`) and Prometheus asked. Default 5s; from 5s to 1h.
     #[serde(default = "default_interval")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('5s') && duration(self) <= duration('1h')").message("interval must be between 5s and 1h"))]
     pub interval: KubeDuration,
@@ -489,7 +490,7 @@ pub fn check_headroom(headroom: f64) -> Result<(), String> {
     }
 }
 /// `spec.interval` when not set.
-pub const DEFAULT_INTERVAL: &str = "10s";
+pub const DEFAULT_INTERVAL: &str = "5s";
 /// `spec.scaleDown.stabilizationWindow` when not set.
 pub const DEFAULT_STABILIZATION_WINDOW: &str = "0s";
 

@@ -114,6 +114,15 @@ pub struct RunArgs {
     #[arg(long, env = "LANEPOOL_IDLE_WORKERS_FIRST", default_value_t = true, action = clap::ArgAction::Set)]
     pub idle_workers_first: bool,
 
+    /// Each time a pool is measured, read its workers' own finished-job counts
+    /// (`lanepool_job_duration_seconds_count`, by lane) at their port named `metrics`, and size
+    /// the reserve from the rate they finished jobs at since the last read: seconds old, where
+    /// Prometheus's is a scrape interval plus a scrape's age. Only for pools whose template has
+    /// that port and lanes on the default query; a read that misses a ready worker leaves
+    /// Prometheus's rates (pods `list`). false: Prometheus alone.
+    #[arg(long, env = "LANEPOOL_WORKER_READS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub worker_reads: bool,
+
     /// With idle workers first: before a Deployment shrinks by k, ask the k workers it will stop
     /// to take no new job (`POST /drain?seconds=N` at their port named `metrics`) and hold that
     /// shrink until they report idle, for at most 3 × the longest mean job time of the lanes
@@ -182,6 +191,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         },
         surge_timeout: args.surge_timeout,
         idle_workers_first: args.idle_workers_first,
+        worker_reads: args.worker_reads,
         drain_timeout: args.drain_timeout,
         write_timeout: args.write_timeout,
     };

@@ -112,7 +112,7 @@ async fn defaults_are_filled_in_by_the_api_server() {
         .expect("accepted");
     let spec = &created.data["spec"];
     assert_eq!(spec["headroom"].as_f64(), Some(1.0));
-    assert_eq!(spec["interval"], json!("10s"));
+    assert_eq!(spec["interval"], json!("5s"));
     assert_eq!(spec["lanes"][0]["reserve"]["min"], json!(1));
     assert_eq!(spec["lanes"][0]["reserve"]["sizing"], json!("Formula"));
     assert_eq!(spec["shared"]["minReplicas"], json!(1));

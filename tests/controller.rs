@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lanepool::api::LanePool;
@@ -955,6 +955,124 @@ async fn a_rate_on_an_integer_boundary_does_not_flap() {
         .filter_map(|l| l.arrival_rate_per_second)
         .collect();
     eprintln!("the rate read at the end: {rates:?}/s");
+}
+
+/// A worker Pod of pool `jobs` that is ready and serves, at a loopback port, its own count of
+/// urgent jobs finished: `rate()` jobs per second since it started. As a kubelet would, the test
+/// gives the Pod its address, its readiness and its container's start time.
+async fn counting_worker(world: &World, name: &str, rate: Arc<std::sync::Mutex<f64>>) {
+    let counted = Arc::new(std::sync::Mutex::new((0.0_f64, Instant::now())));
+    let addr = testenv::serve_metrics(move || {
+        let per_second = *rate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counted = counted.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        counted.0 += per_second * now.duration_since(counted.1).as_secs_f64();
+        counted.1 = now;
+        let count = counted.0.floor();
+        format!(
+            "# TYPE lanepool_job_duration_seconds histogram\n\
+             lanepool_job_duration_seconds_bucket{{lane=\"urgent\",le=\"+Inf\"}} {count}\n\
+             lanepool_job_duration_seconds_sum{{lane=\"urgent\"}} {}\n\
+             lanepool_job_duration_seconds_count{{lane=\"urgent\"}} {count}\n",
+            count * 0.02
+        )
+    })
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"lanepool.dev/pool": "jobs", "lanepool.dev/role": "shared"}},
+        "spec": {"containers": [{"name": "worker", "image": "lane-worker",
+            "ports": [{"name": "metrics", "containerPort": addr.port()}]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {
+        "phase": "Running",
+        "podIP": "127.0.0.1",
+        "podIPs": [{"ip": "127.0.0.1"}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "worker", "image": "lane-worker", "imageID": "",
+            "ready": true, "restartCount": 0, "state": {"running": {"startedAt": now}}}],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_own_counts_grow_the_reserve_for_a_spike_prometheus_has_not_seen() {
+    // A 20 s long window (the default is 1 m), so growth waits for the long rate to confirm it.
+    let world = World::start_with(
+        "reads",
+        |settings| settings.windows.arrival_rate = "20s".into(),
+        Duration::ZERO,
+    )
+    .await;
+    // Prometheus sees 30/s throughout: 30/s × 20 ms × 1.5 = 0.9 → 1 reserved, never more.
+    world.urgent(30.0, 0.020);
+    let rate = Arc::new(std::sync::Mutex::new(30.0));
+    counting_worker(&world, "jobs-shared-counting", rate.clone()).await;
+    world
+        .apply_pool(|spec| {
+            spec["template"]["spec"]["containers"][0]["ports"] =
+                json!([{"name": "metrics", "containerPort": 9100}]);
+        })
+        .await;
+    watch_counts(&world, 40, |r, s| r == 1 && s == 9).await;
+    world
+        .until(60, "Prometheus's long rate at 30/s", || async {
+            let status = world.pool().await.status.unwrap_or_default();
+            status
+                .lanes
+                .first()
+                .and_then(|l| l.arrival_rate_per_second)
+                .is_some_and(|r| r >= 27.0)
+        })
+        .await;
+
+    // The workers finish 150/s now; Prometheus still says 30/s.
+    *rate.lock().unwrap() = 150.0;
+    let spiked = Instant::now();
+    let growing = watch_counts(&world, 20, |r, _| r >= 2).await;
+    let grew = spiked.elapsed();
+    // Read within one 5 s interval, applied at once: Prometheus alone would hold 1 for good.
+    assert!(
+        grew <= Duration::from_secs(12),
+        "grew after {grew:?}: {growing:?}"
+    );
+    let lanes = world
+        .pool()
+        .await
+        .status
+        .map(|s| s.lanes)
+        .unwrap_or_default();
+    let recent = lanes.first().and_then(|l| l.recent_arrival_rate.clone());
+    assert!(
+        recent
+            .as_deref()
+            .is_some_and(|r| r.starts_with("14") || r.starts_with("15")),
+        "the status shows the workers' rate: {lanes:?}"
+    );
+    // The first step is what twice the long rate confirms; the reads' own long rate (once they
+    // span half the 20 s window) confirms the rest as the spike goes on: 150/s × 20 ms × 1.5 = 4.5
+    // → 5.
+    let confirmed = watch_counts(&world, 60, |r, s| r == 5 && s == 5).await;
+    assert!(confirmed.iter().all(|(r, s)| r + s >= 10), "{confirmed:?}");
+    eprintln!(
+        "workers at 150/s, Prometheus at 30/s: 2 reserved after {:.1} s, 5 after {:.1} s",
+        grew.as_secs_f64(),
+        spiked.elapsed().as_secs_f64()
+    );
+
+    // Back to 30/s: the reserve follows the workers down, within the pool's 20 s hold.
+    *rate.lock().unwrap() = 30.0;
+    let dropped = Instant::now();
+    watch_counts(&world, 60, |r, s| r == 1 && s == 9).await;
+    eprintln!(
+        "back to 1 reserved after {:.1} s",
+        dropped.elapsed().as_secs_f64()
+    );
 }
 
 // ---- Hardening: one bad pool never hurts the others, credentials never leave ----

@@ -46,6 +46,9 @@ pub struct Settings {
     /// With idle workers first: the most a shrink waits for the workers it stops to finish their
     /// jobs after asking them to drain (a lane's job times bound it lower); zero: no drain.
     pub drain_timeout: Duration,
+    /// Read each measured pool's workers' own finished-job counts at their port named `metrics`
+    /// (`lanepool_job_duration_seconds_count`), so the reserve follows a rate seconds old.
+    pub worker_reads: bool,
 }
 
 /// The operator's default limit on pools reconciled at once (`--concurrent-reconciles`).

@@ -196,14 +196,25 @@ pub fn metrics_address(pod: &Pod) -> Option<String> {
     })
 }
 
-/// The values of `metric`'s series in a worker's `/metrics` text (the Prometheus text format).
-pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
+/// Every sample of a `/metrics` text (the Prometheus text format): name, labels and value.
+pub(super) fn sample_lines(
+    text: &str,
+) -> impl Iterator<Item = (&str, BTreeMap<String, String>, f64)> {
     text.lines()
         .map(str::trim)
         .filter(|line| !line.starts_with('#'))
         .filter_map(parse_sample_line)
+        .filter_map(|(name, labels, rest)| {
+            let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+            Some((name, labels, value))
+        })
+}
+
+/// The values of `metric`'s series in a worker's `/metrics` text (the Prometheus text format).
+pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
+    sample_lines(text)
         .filter(|(name, _, _)| *name == metric)
-        .filter_map(|(_, _, rest)| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|(_, _, value)| value)
         .collect()
 }
 
@@ -211,20 +222,7 @@ pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
 /// each labelled `pod` as Prometheus would label them.
 pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Sample>, Vec<Sample>) {
     let (mut busy, mut started) = (Vec::new(), Vec::new());
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some((name, mut labels, rest)) = parse_sample_line(line) else {
-            continue;
-        };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
+    for (name, mut labels, value) in sample_lines(text) {
         labels.insert("pod".into(), pod.into());
         match name {
             BUSY_METRIC => busy.push((labels, value)),

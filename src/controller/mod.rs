@@ -18,6 +18,7 @@ mod events;
 mod grace;
 mod idle_first;
 mod measure;
+mod reads;
 mod report;
 mod status;
 mod step;
@@ -45,6 +46,7 @@ pub use drain::{DEFAULT_DRAIN_TIMEOUT, DRAINING_METRIC};
 pub use events::{Recorder, SERIES_TTL, Said};
 pub use grace::GRACE_PERIOD_TOO_SHORT;
 pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, DRAINED_COST, IDLE_COST};
+pub use reads::FINISHED_METRIC;
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
@@ -261,8 +263,9 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         step::recorded_replicas(pool, &old_status, &existing)
     });
     let decision = if start.due {
-        let (loads, connection) = measure::measure_pool(pool, ctx, interval).await?;
+        let (mut loads, connection) = measure::measure_pool(pool, ctx, interval).await?;
         memory.connection = connection;
+        reads::apply_worker_reads(pool, ctx, &mut memory.worker_reads, &mut loads, now).await;
         let decision = decide(
             &sizing,
             Inputs {

@@ -44,6 +44,8 @@ pub(super) struct PoolMemory {
     pub(super) failed_intervals: u32,
     /// The drains of shrinking Deployments, by Deployment name.
     pub(super) drains: BTreeMap<String, Drain>,
+    /// The workers' finished-job counts read so far.
+    pub(super) worker_reads: super::reads::WorkerReads,
 }
 
 /// How old the measurements in a status may get while they stay within their tolerance.

@@ -6,6 +6,7 @@
 mod answer;
 mod decide;
 mod queueing;
+mod reads;
 mod settings;
 
 pub use answer::{Answer, lane_load, single_value};
@@ -14,6 +15,7 @@ pub use decide::{
     NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,
 };
 pub use queueing::{formula, latency_target, predicted_p99};
+pub use reads::{Baselines, LaneReads, WorkerCount, baselines, finished_since};
 pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 
 #[cfg(test)]

@@ -463,11 +463,11 @@ fn growth_the_long_rate_does_not_confirm_waits_for_it() {
         },
         0,
     );
-    // A spike the 1 m window has barely seen: 150/s recent asks for 5, but 1.5 × 40/s asks
-    // for 2 (1.5 × 60/s × 20 ms = 1.8).
+    // A spike the 1 m window has barely seen: 150/s recent asks for 5, but twice the 30/s long
+    // rate asks for 2 (2 × 30/s × 20 ms × 1.5 = 1.8).
     let barely = at(
         &sizing,
-        &with_recent(40.0, 150.0, 0.02),
+        &with_recent(30.0, 150.0, 0.02),
         Some(&replicas(1, 9)),
         &History::new(),
         0,
@@ -476,7 +476,7 @@ fn growth_the_long_rate_does_not_confirm_waits_for_it() {
     assert!(
         barely.lanes[0]
             .explanation
-            .contains("5, unconfirmed by the 40/s long rate: 2"),
+            .contains("5, unconfirmed by the 30/s long rate: 2"),
         "{}",
         barely.lanes[0].explanation
     );
@@ -670,6 +670,30 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
         0,
     );
     assert_eq!(counted.lanes[0].reserve, 6);
+}
+
+#[test]
+fn a_reserve_grown_for_a_spike_comes_back_under_a_boundary_even_when_counted_over_a_read() {
+    // The guide's pool after a spike: 30/s read over 5 s (150 arrivals, ±16 % at two standard
+    // deviations) × 20 ms × 1.5 = 0.9. Growth would need the wide tolerance; shrinking to the 1
+    // the rate asks for takes the plain 10 % (0.9 × 1.1 = 0.99 still asks for 1).
+    let sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
+    let read = BTreeMap::from([(
+        "urgent".to_string(),
+        Ok(LaneLoad {
+            arrival_rate: 60.0,
+            recent_arrival_rate: Some(RecentRate {
+                per_second: 30.0,
+                window: Duration::from_secs(5),
+            }),
+            job_seconds: Some(0.02),
+        }),
+    )]);
+    let back = at(&sizing, &read, Some(&replicas(2, 8)), &History::new(), 0);
+    assert_eq!(back.lanes[0].reserve, 1, "{}", back.lanes[0].explanation);
+    // The same reading does not grow a reserve of 1 that sits just under it.
+    let held = at(&sizing, &read, Some(&replicas(1, 8)), &History::new(), 0);
+    assert_eq!(held.lanes[0].reserve, 1, "{}", held.lanes[0].explanation);
 }
 
 #[test]

@@ -43,6 +43,7 @@ impl InProcessOperator {
             prometheus_concurrency: lanepool::prometheus::DEFAULT_CONCURRENCY.into(),
             concurrent_reconciles: lanepool::controller::DEFAULT_CONCURRENT_RECONCILES,
             idle_workers_first: true,
+            worker_reads: true,
             drain_timeout: lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
         }
     }

@@ -166,6 +166,10 @@ pub struct SimulateArgs {
     /// From a role change (or a new pod) to the worker taking jobs.
     #[arg(long, default_value = "10s", value_parser = duration::flag)]
     pub pod_start: Duration,
+    /// Whether the operator reads the workers' own finished-job counts each interval, as it
+    /// does when they serve them at their `metrics` port (the default); false: Prometheus only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub worker_reads: bool,
 }
 
 fn check(
@@ -398,6 +402,7 @@ impl SimulateArgs {
             job_time_window: nanos(self.job_time_window),
             scrape_delay: nanos(self.scrape_delay),
             pod_start: nanos(self.pod_start),
+            worker_reads: self.worker_reads,
         })
     }
 }

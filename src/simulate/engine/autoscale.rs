@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use super::observe::Counters;
 use super::scenario::{Autoscale, Nanos};
-use crate::sizing::{Decision, History, Inputs, LaneLoad, Outage, RecentRate, Replicas, decide};
+use crate::sizing::{
+    Decision, History, Inputs, LaneLoad, LaneReads, Outage, RecentRate, Replicas, decide,
+};
 
 pub const LANE: &str = "urgent";
 
@@ -15,6 +17,9 @@ pub const LANE: &str = "urgent";
 pub struct Control {
     pub config: Autoscale,
     history: History,
+    /// The workers' finished-job counts read so far, and when the last read was.
+    reads: LaneReads,
+    last_read: Option<Nanos>,
     pub reserve: i32,
     pub shared: i32,
 }
@@ -26,6 +31,8 @@ impl Control {
         let mut control = Self {
             config,
             history: History::new(),
+            reads: LaneReads::default(),
+            last_read: None,
             reserve: 0,
             shared: 0,
         };
@@ -39,8 +46,26 @@ impl Control {
         control
     }
 
-    /// One evaluation at `now`; returns the reserve to run from now on.
-    pub fn evaluate(&mut self, now: Nanos, observed: &Counters, fallback_job: f64) -> i32 {
+    /// One evaluation at `now`, with the urgent jobs the workers finished since the last read
+    /// when the operator reads them; returns the reserve to run from now on.
+    pub fn evaluate(
+        &mut self,
+        now: Nanos,
+        observed: &Counters,
+        read: Option<u64>,
+        fallback_job: f64,
+    ) -> i32 {
+        if let Some(finished) = read {
+            if let Some(since) = self.last_read {
+                self.reads.record(
+                    Duration::from_nanos(since),
+                    Duration::from_nanos(now),
+                    finished as f64,
+                    Duration::from_nanos(self.config.rate_window),
+                );
+            }
+            self.last_read = Some(now);
+        }
         let c = &self.config;
         let load = match observed.arrival_rate(now, c.rate_window, c.scrape_delay) {
             None => Err("no samples yet".to_string()),
@@ -61,6 +86,13 @@ impl Control {
                 ),
             }),
         };
+        let load = load.map(|load| {
+            self.reads.applied_to(
+                load,
+                Duration::from_nanos(now),
+                Duration::from_nanos(c.rate_window),
+            )
+        });
         let current = Replicas {
             reserved: BTreeMap::from([(LANE.to_string(), self.reserve)]),
             shared: self.shared,
@@ -118,6 +150,7 @@ pub fn lanepool_defaults(workers: u32) -> Autoscale {
         job_time_window: nanos(crate::prometheus::DEFAULT_JOB_TIME_WINDOW),
         scrape_delay: 15_000_000_000,
         pod_start: 10_000_000_000,
+        worker_reads: true,
     }
 }
 

@@ -153,6 +153,9 @@ impl<'a> Engine<'a> {
     fn worker_event(&mut self, id: usize, at: Nanos) {
         match self.pool.workers[id].state {
             State::Busy { lane, submitted } => {
+                if lane == LaneKind::Urgent {
+                    self.pool.workers[id].unread_urgent += 1;
+                }
                 self.finish(lane, submitted, at);
                 if self.pool.workers[id].leaving {
                     self.pool.workers[id].state = State::Gone;
@@ -212,8 +215,12 @@ impl<'a> Engine<'a> {
             return;
         };
         let before = control.reserve;
+        let read = control
+            .config
+            .worker_reads
+            .then(|| self.pool.read_urgent_finished());
         let reserve = control
-            .evaluate(at, &self.observed, seconds(self.scenario.urgent_job))
+            .evaluate(at, &self.observed, read, seconds(self.scenario.urgent_job))
             .max(0);
         let size = control.config.sizing.size;
         self.next_evaluation = Some(at + control.config.interval);

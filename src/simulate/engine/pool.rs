@@ -32,6 +32,8 @@ pub struct Worker {
     /// A new worker that, once ready, takes the place of one worker of this role (a surge).
     pub replaces: Option<Preference>,
     pub state: State,
+    /// Urgent jobs finished since the operator last read this worker's count.
+    pub unread_urgent: u32,
 }
 
 impl Worker {
@@ -82,6 +84,7 @@ impl Pool {
             leaving: false,
             replaces: None,
             state,
+            unread_urgent: 0,
         });
         self.workers.len() - 1
     }
@@ -182,6 +185,22 @@ impl Pool {
     }
 
     /// Cancels up to `how_many` pending departures of `role`; returns how many were cancelled.
+    /// The urgent jobs every worker still here finished since the last read, which this read
+    /// takes; a departed worker's are lost with it, as a Pod's counter is.
+    pub fn read_urgent_finished(&mut self) -> u64 {
+        self.workers
+            .iter_mut()
+            .map(|w| {
+                let unread = std::mem::take(&mut w.unread_urgent);
+                if w.state == State::Gone {
+                    0
+                } else {
+                    u64::from(unread)
+                }
+            })
+            .sum()
+    }
+
     pub fn keep(&mut self, role: Preference, how_many: usize) -> usize {
         let mut kept = 0;
         for w in self.workers.iter_mut().rev() {

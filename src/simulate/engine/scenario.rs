@@ -128,6 +128,10 @@ pub struct Autoscale {
     pub scrape_delay: Nanos,
     /// From a worker's new role being decided to it taking work.
     pub pod_start: Nanos,
+    /// Whether the operator reads the workers' own finished-job counts at each evaluation (the
+    /// rates then come from those, seconds old; Prometheus's only until they cover a window).
+    /// A worker that leaves between two reads takes what it finished since the first with it.
+    pub worker_reads: bool,
 }
 
 impl Scenario {

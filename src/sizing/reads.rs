@@ -1,0 +1,233 @@
+//! Arrival rates read from the workers themselves. Each evaluation the operator asks every
+//! worker for its own count of finished jobs per lane (`lanepool_job_duration_seconds_count`)
+//! and adds up what each finished since the read before. No scrape stands between a job and the
+//! count, so the rate is a read old, not a scrape interval plus a scrape's age: a spike is seen
+//! in seconds. Pure: the controller and the simulator keep one [`LaneReads`] per reserve lane.
+//! A read that could not count every worker is never recorded as a lower rate.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use super::{LaneLoad, RecentRate};
+
+/// One read: the jobs the workers finished since the read before.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Read {
+    at: Duration,
+    since: Duration,
+    finished: f64,
+}
+
+/// A lane's recorded reads, the newest last, none older than the longest window asked for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaneReads {
+    reads: VecDeque<Read>,
+}
+
+impl LaneReads {
+    /// Records that `finished` jobs of the lane finished between `since` and `at`. Reads older
+    /// than `keep` are forgotten.
+    pub fn record(&mut self, since: Duration, at: Duration, finished: f64, keep: Duration) {
+        if at <= since || !finished.is_finite() || finished < 0.0 {
+            return;
+        }
+        self.reads.push_back(Read {
+            at,
+            since: at - since,
+            finished,
+        });
+        while self
+            .reads
+            .front()
+            .is_some_and(|r| at.saturating_sub(r.at) > keep)
+        {
+            self.reads.pop_front();
+        }
+    }
+
+    /// The rate of the read made at `now`, over the time it spans; `None` when no read was
+    /// recorded at `now` (it could not count every worker).
+    pub fn recent(&self, now: Duration) -> Option<RecentRate> {
+        let last = self.reads.back().filter(|r| r.at == now)?;
+        Some(RecentRate {
+            per_second: last.finished / last.since.as_secs_f64(),
+            window: last.since,
+        })
+    }
+
+    /// Jobs per second over the reads that end inside the trailing `window`; `None` until they
+    /// cover at least half of it (a gap, such as a read that could not count every worker, only
+    /// shortens the time counted over).
+    pub fn rate(&self, now: Duration, window: Duration) -> Option<f64> {
+        let (finished, covered) = self
+            .reads
+            .iter()
+            .filter(|r| r.at <= now && now - r.at < window)
+            .fold((0.0, Duration::ZERO), |(f, c), r| {
+                (f + r.finished, c + r.since)
+            });
+        (!covered.is_zero() && covered >= window / 2).then(|| finished / covered.as_secs_f64())
+    }
+
+    /// `load` with the rates these reads give at `now`: the recent rate from the read made now,
+    /// the long rate once the reads cover `window`. What the reads cannot say, Prometheus does.
+    pub fn applied_to(&self, mut load: LaneLoad, now: Duration, window: Duration) -> LaneLoad {
+        if let Some(recent) = self.recent(now) {
+            load.recent_arrival_rate = Some(recent);
+            if let Some(rate) = self.rate(now, window) {
+                load.arrival_rate = rate;
+            }
+        }
+        load
+    }
+}
+
+/// One worker's answer: its finished-job count per lane.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerCount {
+    pub worker: String,
+    /// Whether its counters started after the read before (its process is younger): then its
+    /// whole count is new. Otherwise a worker never read before only sets a baseline.
+    pub started_since: bool,
+    pub finished: BTreeMap<String, f64>,
+}
+
+/// Each worker's counts at the last read.
+pub type Baselines = BTreeMap<String, BTreeMap<String, f64>>;
+
+/// What the workers finished per lane since `baselines`, summed over `answers`; `None` when the
+/// sum would miss some of it: a worker `expected` to answer did not, or one answered that has no
+/// baseline and was running before. A count that went down is a restarted counter: its whole
+/// value is new (as Prometheus's `rate()` reads a reset). A worker gone since the last read takes
+/// what it finished after it with it; the sum is then a little low, never high.
+pub fn finished_since(
+    baselines: &Baselines,
+    answers: &[WorkerCount],
+    expected: usize,
+) -> Option<BTreeMap<String, f64>> {
+    let mut finished: BTreeMap<String, f64> = BTreeMap::new();
+    let mut complete = answers.len() >= expected;
+    for answer in answers {
+        let before = baselines.get(&answer.worker);
+        if before.is_none() && !answer.started_since {
+            complete = false;
+        }
+        for (lane, count) in &answer.finished {
+            let new = match before.and_then(|b| b.get(lane)) {
+                Some(previous) if count >= previous => count - previous,
+                Some(_) => *count,
+                None if before.is_some() || answer.started_since => *count,
+                None => 0.0,
+            };
+            *finished.entry(lane.clone()).or_default() += new;
+        }
+    }
+    complete.then_some(finished)
+}
+
+/// The baselines the next read compares with: every worker that answered now.
+pub fn baselines(answers: &[WorkerCount]) -> Baselines {
+    answers
+        .iter()
+        .map(|a| (a.worker.clone(), a.finished.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn answer(worker: &str, started_since: bool, urgent: f64) -> WorkerCount {
+        WorkerCount {
+            worker: worker.into(),
+            started_since,
+            finished: BTreeMap::from([("urgent".to_string(), urgent)]),
+        }
+    }
+
+    #[test]
+    fn the_recent_rate_is_the_read_made_now_and_the_long_rate_needs_half_its_window() {
+        let mut reads = LaneReads::default();
+        let minute = 60 * S;
+        for i in 1..=6u32 {
+            reads.record((i - 1) * 5 * S, i * 5 * S, 150.0, minute);
+        }
+        assert_eq!(reads.recent(30 * S).map(|r| r.per_second), Some(30.0));
+        assert_eq!(reads.recent(35 * S), None, "no read at 35 s");
+        assert_eq!(reads.rate(30 * S, minute), Some(30.0), "30 s of 60 counted");
+        assert_eq!(
+            reads.rate(25 * S, minute),
+            None,
+            "25 s is under half the window"
+        );
+        reads.record(30 * S, 35 * S, 750.0, minute);
+        let long = reads.rate(35 * S, minute).unwrap_or_default();
+        assert!((long - 1650.0 / 35.0).abs() < 1e-9, "{long}");
+    }
+
+    #[test]
+    fn reads_older_than_kept_are_forgotten_and_bad_counts_never_recorded() {
+        let mut reads = LaneReads::default();
+        for i in 1..=40u32 {
+            reads.record((i - 1) * 5 * S, i * 5 * S, 50.0, 60 * S);
+        }
+        assert!(reads.reads.len() <= 13, "{}", reads.reads.len());
+        reads.record(200 * S, 205 * S, f64::NAN, 60 * S);
+        reads.record(205 * S, 205 * S, 10.0, 60 * S);
+        reads.record(205 * S, 210 * S, -1.0, 60 * S);
+        assert_eq!(reads.recent(210 * S), None);
+        assert_eq!(reads.rate(200 * S, 60 * S), Some(10.0));
+    }
+
+    #[test]
+    fn a_load_takes_the_reads_rates_only_when_a_read_was_made_now() {
+        let prometheus = LaneLoad {
+            arrival_rate: 30.0,
+            recent_arrival_rate: None,
+            job_seconds: Some(0.02),
+        };
+        let mut reads = LaneReads::default();
+        reads.record(Duration::ZERO, 5 * S, 750.0, 60 * S);
+        let fresh = reads.applied_to(prometheus, 5 * S, 60 * S);
+        assert_eq!(fresh.recent_arrival_rate.map(|r| r.per_second), Some(150.0));
+        assert_eq!(
+            fresh.arrival_rate, 30.0,
+            "5 s of reads say nothing of a minute"
+        );
+        assert_eq!(fresh.job_seconds, Some(0.02));
+        assert_eq!(reads.applied_to(prometheus, 10 * S, 60 * S), prometheus);
+    }
+
+    #[test]
+    fn counts_are_summed_since_each_workers_baseline() {
+        let first = [answer("a", false, 100.0), answer("b", false, 40.0)];
+        assert_eq!(
+            finished_since(&Baselines::new(), &first, 2),
+            None,
+            "a first read only sets baselines"
+        );
+        let base = baselines(&first);
+        let second = [
+            answer("a", false, 130.0),
+            answer("b", false, 5.0), // restarted: all 5 are new
+            answer("c", true, 7.0),  // started since the last read
+        ];
+        let urgent = finished_since(&base, &second, 3).and_then(|f| f.get("urgent").copied());
+        assert_eq!(urgent, Some(30.0 + 5.0 + 7.0));
+    }
+
+    #[test]
+    fn a_read_missing_a_worker_is_not_a_rate() {
+        let base = baselines(&[answer("a", false, 10.0), answer("b", false, 10.0)]);
+        let only_a = [answer("a", false, 20.0)];
+        assert_eq!(finished_since(&base, &only_a, 2), None, "b did not answer");
+        let stranger = [answer("a", false, 20.0), answer("d", false, 500.0)];
+        assert_eq!(
+            finished_since(&base, &stranger, 2),
+            None,
+            "d was running before and has no baseline"
+        );
+    }
+}
