@@ -165,6 +165,15 @@ impl World {
             .unwrap()
     }
 
+    /// What the pool's status says of each reserve lane.
+    async fn lanes(&self) -> Vec<lanepool::api::LaneStatus> {
+        self.pool()
+            .await
+            .status
+            .map(|s| s.lanes)
+            .unwrap_or_default()
+    }
+
     async fn condition(&self, type_: &str) -> Option<(String, String, String)> {
         self.condition_of("jobs", type_).await
     }
@@ -882,12 +891,7 @@ async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_t
             })
         })
         .await;
-    let lanes = world
-        .pool()
-        .await
-        .status
-        .map(|s| s.lanes)
-        .unwrap_or_default();
+    let lanes = world.lanes().await;
     assert!(
         lanes
             .first()
@@ -959,7 +963,7 @@ async fn a_rate_on_an_integer_boundary_does_not_flap() {
 
 /// A worker Pod of pool `jobs` that is ready and serves, at a loopback port, its own count of
 /// urgent jobs finished: `rate()` jobs per second since it started. As a kubelet would, the test
-/// gives the Pod its address, its readiness and its container's start time.
+/// binds the Pod and gives it its address, its readiness and its container's start time.
 async fn counting_worker(world: &World, name: &str, rate: Arc<std::sync::Mutex<f64>>) {
     let counted = Arc::new(std::sync::Mutex::new((0.0_f64, Instant::now())));
     let addr = testenv::serve_metrics(move || {
@@ -981,7 +985,7 @@ async fn counting_worker(world: &World, name: &str, rate: Arc<std::sync::Mutex<f
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.namespace);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"lanepool.dev/pool": "jobs", "lanepool.dev/role": "shared"}},
-        "spec": {"containers": [{"name": "worker", "image": "lane-worker",
+        "spec": {"nodeName": "local", "containers": [{"name": "worker", "image": "lane-worker",
             "ports": [{"name": "metrics", "containerPort": addr.port()}]}]},
     }))
     .unwrap();
@@ -1022,9 +1026,9 @@ async fn the_workers_own_counts_grow_the_reserve_for_a_spike_prometheus_has_not_
     watch_counts(&world, 40, |r, s| r == 1 && s == 9).await;
     world
         .until(60, "Prometheus's long rate at 30/s", || async {
-            let status = world.pool().await.status.unwrap_or_default();
-            status
-                .lanes
+            world
+                .lanes()
+                .await
                 .first()
                 .and_then(|l| l.arrival_rate_per_second)
                 .is_some_and(|r| r >= 27.0)
@@ -1041,12 +1045,7 @@ async fn the_workers_own_counts_grow_the_reserve_for_a_spike_prometheus_has_not_
         grew <= Duration::from_secs(12),
         "grew after {grew:?}: {growing:?}"
     );
-    let lanes = world
-        .pool()
-        .await
-        .status
-        .map(|s| s.lanes)
-        .unwrap_or_default();
+    let lanes = world.lanes().await;
     let recent = lanes.first().and_then(|l| l.recent_arrival_rate.clone());
     assert!(
         recent

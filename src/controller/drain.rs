@@ -168,7 +168,7 @@ pub fn read_answer(status: u16, text: &str) -> Answer {
 }
 
 /// Whether the ReplicaSet controller counts the Pod as ready: bound, Running and Ready.
-fn pod_ready(pod: &Pod) -> bool {
+pub(super) fn pod_ready(pod: &Pod) -> bool {
     let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     let status = pod.status.as_ref();
     let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");

@@ -292,16 +292,17 @@ pub(super) fn workers_http() -> Option<&'static reqwest::Client> {
         .as_ref()
 }
 
-/// Asks each Pod that has a metrics port for its gauges; the answers, by pod name.
-async fn ask_workers(pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
+/// Each of `pods` that has a metrics port asked for its `/metrics` text, at most
+/// [`ASKS_IN_FLIGHT`] at once: (pod name, text) of those that answered in time.
+pub(super) async fn metrics_texts(pods: &[&Pod]) -> Vec<(String, String)> {
     let Some(http) = workers_http() else {
-        return Default::default();
+        return Vec::new();
     };
     let targets: Vec<(String, String)> = pods
         .iter()
         .filter_map(|pod| Some((pod.name_any(), metrics_address(pod)?)))
         .collect();
-    let answers: Vec<(Vec<Sample>, Vec<Sample>)> = futures::stream::iter(targets)
+    futures::stream::iter(targets)
         .map(|(name, address)| async move {
             let answer = async {
                 let response = http
@@ -312,24 +313,28 @@ async fn ask_workers(pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
                 response.text().await
             }
             .await;
-            match answer {
-                Ok(text) => parse_gauges(&text, &name),
-                Err(error) => {
-                    debug!(pod = %name, %address, %error, "worker not asked: Prometheus instead");
-                    Default::default()
-                }
-            }
+            answer
+                .map_err(|error| debug!(pod = %name, %address, %error, "worker did not answer"))
+                .ok()
+                .map(|text| (name, text))
         })
         .buffer_unordered(ASKS_IN_FLIGHT)
+        .filter_map(std::future::ready)
         .collect()
-        .await;
-    answers
-        .into_iter()
-        .fold(Default::default(), |(mut busy, mut started), (b, s)| {
+        .await
+}
+
+/// Asks each Pod that has a metrics port for its gauges; the answers, labelled by pod name.
+async fn ask_workers(pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
+    metrics_texts(pods).await.into_iter().fold(
+        Default::default(),
+        |(mut busy, mut started), (name, text)| {
+            let (b, s) = parse_gauges(&text, &name);
             busy.extend(b);
             started.extend(s);
             (busy, started)
-        })
+        },
+    )
 }
 
 /// The pool's gauges from Prometheus (`None`: not reachable).
@@ -366,12 +371,20 @@ pub(super) async fn live_pods(
     deployment: &str,
     selector: &str,
 ) -> crate::Result<Vec<Pod>> {
+    let params = ListParams::default().labels(selector);
+    live_pods_listed(ctx, namespace, &format!("Deployment {deployment}"), &params).await
+}
+
+/// The live (not terminating) Pods `params` lists; `whose` names them in an error.
+pub(super) async fn live_pods_listed(
+    ctx: &Context,
+    namespace: &str,
+    whose: &str,
+    params: &ListParams,
+) -> crate::Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let listed = ctx
-        .read(
-            format!("listing the Pods of Deployment {deployment}"),
-            pods.list(&ListParams::default().labels(selector)),
-        )
+        .read(format!("listing the Pods of {whose}"), pods.list(params))
         .await?;
     Ok(listed
         .items

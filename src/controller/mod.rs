@@ -46,7 +46,6 @@ pub use drain::{DEFAULT_DRAIN_TIMEOUT, DRAINING_METRIC};
 pub use events::{Recorder, SERIES_TTL, Said};
 pub use grace::GRACE_PERIOD_TOO_SHORT;
 pub use idle_first::{BUSY_COST, BUSY_METRIC, DELETION_COST, DRAINED_COST, IDLE_COST};
-pub use reads::FINISHED_METRIC;
 pub use surge::DEFAULT_SURGE_TIMEOUT;
 pub use workers::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
@@ -263,9 +262,16 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         step::recorded_replicas(pool, &old_status, &existing)
     });
     let decision = if start.due {
-        let (mut loads, connection) = measure::measure_pool(pool, ctx, interval).await?;
+        // The workers are read while Prometheus is asked: neither waits for the other.
+        let (measured, ()) = futures::join!(
+            measure::measure_pool(pool, ctx, interval),
+            memory.worker_reads.read(pool, ctx),
+        );
+        let (mut loads, connection) = measured?;
         memory.connection = connection;
-        reads::apply_worker_reads(pool, ctx, &mut memory.worker_reads, &mut loads, now).await;
+        memory
+            .worker_reads
+            .apply_to(&mut loads, reads::rate_window(ctx));
         let decision = decide(
             &sizing,
             Inputs {

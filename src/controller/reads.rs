@@ -7,15 +7,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 use tracing::debug;
 
 use super::context::Context;
-use super::idle_first::{METRICS_PORT, metrics_address, sample_lines, workers_http};
+use super::drain::pod_ready;
+use super::idle_first::{METRICS_PORT, live_pods_listed, metrics_texts, sample_lines};
 use super::measure::Loads;
 use crate::api::{LanePool, POOL_LABEL};
 use crate::sizing::{Baselines, LaneReads, WorkerCount, baselines, finished_since};
@@ -23,17 +23,36 @@ use crate::sizing::{Baselines, LaneReads, WorkerCount, baselines, finished_since
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
 
-/// How many workers are asked at once.
-const ASKS_IN_FLIGHT: usize = 32;
-
 /// What a pool remembers of its reads between evaluations.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct WorkerReads {
     baselines: Baselines,
-    /// When the last read was made: on the operator's clock and the wall clock (Pods' start
-    /// times are wall-clock times).
+    /// When the last read was made, once its answers were in: on the operator's clock (what the
+    /// rates are counted over) and the wall clock (Pods' start times are wall-clock times).
     last: Option<(Duration, Timestamp)>,
     lanes: BTreeMap<String, LaneReads>,
+}
+
+/// The long window the reads' rate is counted over: the operator's `--rate-window`.
+pub(super) fn rate_window(ctx: &Context) -> Duration {
+    crate::duration::parse(&ctx.settings.windows.arrival_rate).unwrap_or(Duration::from_secs(60))
+}
+
+/// The reserve lanes measured through the default convention: a custom query is never overridden.
+fn read_lanes(pool: &LanePool) -> Vec<String> {
+    pool.spec
+        .lanes
+        .iter()
+        .filter(|lane| {
+            lane.reserve.as_ref().is_some_and(|reserve| {
+                reserve
+                    .arrival_rate
+                    .as_ref()
+                    .is_none_or(|q| q.query.is_none())
+            })
+        })
+        .map(|lane| lane.name.clone())
+        .collect()
 }
 
 /// Whether the pod template serves a `metrics` port: without one nothing is listed or asked.
@@ -44,13 +63,6 @@ fn serves_metrics(spec: Option<&PodSpec>) -> bool {
             .flat_map(|c| c.ports.iter().flatten())
             .any(|p| p.name.as_deref() == Some(METRICS_PORT))
     })
-}
-
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// When the Pod's newest container started: its counters count from then.
@@ -69,10 +81,9 @@ fn started(pod: &Pod) -> Option<Timestamp> {
 /// (a worker that leaves counting to its queue), so that it is never read as zero.
 pub fn finished_counts(text: &str) -> Option<BTreeMap<String, f64>> {
     let mut counts: BTreeMap<String, f64> = BTreeMap::new();
-    let mut exported = text.lines().any(|l| {
-        l.strip_prefix("# TYPE lanepool_job_duration_seconds ")
-            .is_some()
-    });
+    let mut exported = text
+        .lines()
+        .any(|l| l.starts_with("# TYPE lanepool_job_duration_seconds "));
     for (name, labels, value) in sample_lines(text) {
         if name != FINISHED_METRIC || !value.is_finite() || value < 0.0 {
             continue;
@@ -85,59 +96,51 @@ pub fn finished_counts(text: &str) -> Option<BTreeMap<String, f64>> {
     exported.then_some(counts)
 }
 
-/// Reads the pool's workers, records what they finished since the last read, and gives each
-/// lane measured through the default convention the rates the reads now support.
-pub(super) async fn apply_worker_reads(
-    pool: &LanePool,
-    ctx: &Context,
-    memory: &mut WorkerReads,
-    loads: &mut Loads,
-    now: Duration,
-) {
-    let lanes: Vec<String> = pool
-        .spec
-        .lanes
-        .iter()
-        .filter(|lane| {
-            lane.reserve.as_ref().is_some_and(|reserve| {
-                reserve
-                    .arrival_rate
-                    .as_ref()
-                    .is_none_or(|q| q.query.is_none())
-            })
-        })
-        .map(|lane| lane.name.clone())
-        .collect();
-    if !ctx.settings.worker_reads
-        || lanes.is_empty()
-        || !serves_metrics(pool.spec.template.spec.as_ref())
-    {
-        return;
-    }
-    let window = crate::duration::parse(&ctx.settings.windows.arrival_rate)
-        .unwrap_or(Duration::from_secs(60));
-    let wall = Timestamp::now();
-    let Some((answers, expected)) = read(pool, ctx, memory.last.map(|(_, at)| at)).await else {
-        return;
-    };
-    if let (Some((since, _)), Some(finished)) = (
-        memory.last,
-        finished_since(&memory.baselines, &answers, expected),
-    ) {
-        for lane in &lanes {
-            let count = finished.get(lane).copied().unwrap_or(0.0);
-            memory
-                .lanes
-                .entry(lane.clone())
-                .or_default()
-                .record(since, now, count, window);
+impl WorkerReads {
+    /// Reads the pool's workers and records, per lane on the default convention, what they
+    /// finished since the last read. Does nothing when the operator, the pool or its template
+    /// does not read workers.
+    pub(super) async fn read(&mut self, pool: &LanePool, ctx: &Context) {
+        let lanes = read_lanes(pool);
+        if !ctx.settings.worker_reads
+            || lanes.is_empty()
+            || !serves_metrics(pool.spec.template.spec.as_ref())
+        {
+            return;
         }
+        let wall = Timestamp::now();
+        let Some((answers, expected)) = ask(pool, ctx, self.last.map(|(_, at)| at)).await else {
+            return;
+        };
+        // The read's own time, once its answers are in: what the counts span.
+        let at = ctx.started.elapsed();
+        if let (Some((since, _)), Some(finished)) = (
+            self.last,
+            finished_since(&self.baselines, &answers, expected),
+        ) {
+            let window = rate_window(ctx);
+            for lane in lanes {
+                let count = finished.get(&lane).copied().unwrap_or(0.0);
+                self.lanes
+                    .entry(lane)
+                    .or_default()
+                    .record(since, at, count, window);
+            }
+        }
+        self.baselines = baselines(&answers);
+        self.last = Some((at, wall));
     }
-    memory.baselines = baselines(&answers);
-    memory.last = Some((now, wall));
-    for lane in &lanes {
-        if let (Some(reads), Some(Ok(load))) = (memory.lanes.get(lane), loads.get_mut(lane)) {
-            *load = reads.applied_to(*load, now, window);
+
+    /// Gives each lane the rates the reads support as of the last read (see
+    /// [`LaneReads::applied_to`]); a lane not read at that read keeps Prometheus's.
+    pub(super) fn apply_to(&self, loads: &mut Loads, window: Duration) {
+        let Some((at, _)) = self.last else {
+            return;
+        };
+        for (lane, reads) in &self.lanes {
+            if let Some(Ok(load)) = loads.get_mut(lane) {
+                *load = reads.applied_to(*load, at, window);
+            }
         }
     }
 }
@@ -145,66 +148,40 @@ pub(super) async fn apply_worker_reads(
 /// Every live Pod of the pool asked for its counts: the answers of those that export them, and
 /// how many ready ones had to answer; `None` when the Pods could not be listed or none answered
 /// with counts.
-async fn read(
+async fn ask(
     pool: &LanePool,
     ctx: &Context,
     last_read: Option<Timestamp>,
 ) -> Option<(Vec<WorkerCount>, usize)> {
-    let http = workers_http()?;
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     // From the API server's cache (resourceVersion 0): a read needs no quorum.
     let params = ListParams::default()
         .labels(&format!("{POOL_LABEL}={name}"))
         .match_any();
-    let listed = ctx
-        .read(
-            format!("listing the Pods of pool {name}"),
-            pods.list(&params),
-        )
+    let live = live_pods_listed(ctx, &namespace, &format!("pool {name}"), &params)
         .await
         .map_err(|error| debug!(%error, "workers not read: Prometheus alone"))
         .ok()?;
-    let live: Vec<&Pod> = listed
-        .items
+    let expected = live.iter().filter(|p| pod_ready(p)).count();
+    let started_since: BTreeMap<String, bool> = live
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    let expected = live.iter().filter(|p| ready(p)).count();
-    let targets: Vec<(String, String, bool)> = live
-        .iter()
-        .filter_map(|pod| {
-            let started_since = match (started(pod), last_read) {
-                (Some(started), Some(last)) => started > last,
-                _ => false,
-            };
-            Some((pod.name_any(), metrics_address(pod)?, started_since))
+        .map(|pod| {
+            let since = started(pod).zip(last_read).is_some_and(|(s, l)| s > l);
+            (pod.name_any(), since)
         })
         .collect();
-    let answers: Vec<WorkerCount> = futures::stream::iter(targets)
-        .map(|(worker, address, started_since)| async move {
-            let text = async {
-                http.get(format!("http://{address}/metrics"))
-                    .send()
-                    .await?
-                    .error_for_status()?
-                    .text()
-                    .await
-            }
-            .await
-            .map_err(|error| debug!(pod = %worker, %error, "worker not read"))
-            .ok()?;
+    let answers: Vec<WorkerCount> = metrics_texts(&live.iter().collect::<Vec<_>>())
+        .await
+        .into_iter()
+        .filter_map(|(worker, text)| {
             Some(WorkerCount {
-                worker,
-                started_since,
+                started_since: started_since.get(&worker).copied().unwrap_or(false),
                 finished: finished_counts(&text)?,
+                worker,
             })
         })
-        .buffer_unordered(ASKS_IN_FLIGHT)
-        .filter_map(std::future::ready)
-        .collect()
-        .await;
+        .collect();
     (!answers.is_empty()).then_some((answers, expected))
 }
 

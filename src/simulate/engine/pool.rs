@@ -184,7 +184,6 @@ impl Pool {
         }
     }
 
-    /// Cancels up to `how_many` pending departures of `role`; returns how many were cancelled.
     /// The urgent jobs every worker still here finished since the last read, which this read
     /// takes; a departed worker's are lost with it, as a Pod's counter is.
     pub fn read_urgent_finished(&mut self) -> u64 {
@@ -201,6 +200,7 @@ impl Pool {
             .sum()
     }
 
+    /// Cancels up to `how_many` pending departures of `role`; returns how many were cancelled.
     pub fn keep(&mut self, role: Preference, how_many: usize) -> usize {
         let mut kept = 0;
         for w in self.workers.iter_mut().rev() {
