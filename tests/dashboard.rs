@@ -1,5 +1,5 @@
 //! The Grafana dashboard: every query is valid PromQL to a real Prometheus, and every metric it
-//! reads is one the operator exports or the README's worker convention names.
+//! reads is one the operator exports or the worker convention (docs/worker-protocol.md) names.
 
 use std::collections::BTreeSet;
 
@@ -8,7 +8,7 @@ use lanepool_testenv::{SimulatedWorkers, TestPrometheus};
 use serde_json::Value;
 
 const DASHBOARD: &str = include_str!("../charts/lanepool/dashboards/lanepool.json");
-const README: &str = include_str!("../README.md");
+const WORKER_PROTOCOL: &str = include_str!("../docs/worker-protocol.md");
 
 fn queries() -> Vec<String> {
     let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
@@ -96,7 +96,8 @@ fn every_metric_on_the_dashboard_exists() {
             let known = if base.starts_with("lanepool_operator_") {
                 exported.contains(&format!("# TYPE {base} "))
             } else {
-                README.contains(&format!("`{base}`")) || README.contains(&format!("`{name}`"))
+                WORKER_PROTOCOL.contains(&format!("`{base}`"))
+                    || WORKER_PROTOCOL.contains(&format!("`{name}`"))
             };
             if !known {
                 unknown.push(name);
@@ -105,7 +106,7 @@ fn every_metric_on_the_dashboard_exists() {
     }
     assert!(
         unknown.is_empty(),
-        "metrics neither exported nor in the README: {unknown:?}"
+        "metrics neither exported nor in the worker convention: {unknown:?}"
     );
     assert!(queries().len() >= 10);
 }

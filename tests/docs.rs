@@ -1,0 +1,278 @@
+//! The documentation cannot drift from the code or from itself: every field of the checked-in
+//! CRD is named in docs/reference.md and every field named there is in the CRD, and every
+//! relative link in README.md and docs/*.md reaches a file and, with `#anchor`, a heading.
+//! It only reads files: no control plane, no network.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_yaml::Value;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const CRD: &str = "crds/lanepool.dev_lanepools.yaml";
+const REFERENCE: &str = "docs/reference.md";
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The markdown files whose links are checked: the README and every page of docs/.
+fn markdown_files() -> Vec<PathBuf> {
+    let root = Path::new(ROOT);
+    let mut files = vec![root.join("README.md")];
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/ exists")
+        .map(|entry| entry.expect("a docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    pages.sort();
+    files.extend(pages);
+    files
+}
+
+/// The text outside fenced code blocks: a `#` or a `](` inside a shell or YAML example is
+/// neither a heading nor a link.
+fn prose(markdown: &str) -> Vec<&str> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every field of the CRD, and only those, in docs/reference.md.
+
+/// The dotted paths of every field under `schema`'s properties: `spec.lanes[].reserve.max`.
+/// An array's items add `[]`; the pod template is the one object not descended into (it is a
+/// core/v1 PodTemplateSpec, documented by Kubernetes).
+fn field_paths(schema: &Value, path: &str, paths: &mut BTreeSet<String>) {
+    if let Some(properties) = schema.get("properties").and_then(Value::as_mapping) {
+        for (name, field) in properties {
+            let name = name.as_str().expect("a property name is a string");
+            let field_path = format!("{path}.{name}");
+            paths.insert(field_path.clone());
+            if field_path != "spec.template" {
+                field_paths(field, &field_path, paths);
+            }
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        field_paths(items, &format!("{path}[]"), paths);
+    }
+}
+
+/// Every spec and status field of the checked-in CRD's (only) version.
+fn crd_fields() -> BTreeSet<String> {
+    let crd: Value = serde_yaml::from_str(&read(&Path::new(ROOT).join(CRD))).expect("CRD YAML");
+    let versions = crd["spec"]["versions"].as_sequence().expect("versions");
+    assert_eq!(versions.len(), 1, "one served version, v1alpha1");
+    let schema = &versions[0]["schema"]["openAPIV3Schema"]["properties"];
+    let mut paths = BTreeSet::new();
+    for top in ["spec", "status"] {
+        assert!(schema.get(top).is_some(), "the CRD has {top}");
+        field_paths(&schema[top], top, &mut paths);
+    }
+    paths
+}
+
+/// Inline code spans of the prose that look like a field path (`spec.…` or `status.…`): what
+/// the reference claims the CRD has.
+fn documented_fields(markdown: &str) -> BTreeSet<String> {
+    let text = prose(markdown).join("\n");
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| span.starts_with("spec.") || span.starts_with("status."))
+        .filter(|span| {
+            span.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '[' | ']'))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_crd_walk_finds_nested_fields_and_stops_at_the_pod_template() {
+    let fields = crd_fields();
+    for nested in [
+        "spec.lanes",
+        "spec.lanes[].name",
+        "spec.lanes[].reserve.max",
+        "spec.lanes[].reserve.jobTime.fallback",
+        "spec.prometheus.basicAuth.passwordSecret.key",
+        "spec.template",
+        "status.lanes[].recommendedReserve",
+        "status.conditions[].lastTransitionTime",
+    ] {
+        assert!(fields.contains(nested), "the walk misses {nested}");
+    }
+    let inside_template: Vec<_> = fields
+        .iter()
+        .filter(|f| f.starts_with("spec.template."))
+        .collect();
+    assert!(inside_template.is_empty(), "{inside_template:?}");
+}
+
+#[test]
+fn every_crd_field_is_in_the_reference() {
+    let documented = documented_fields(&read(&Path::new(ROOT).join(REFERENCE)));
+    let missing: Vec<_> = crd_fields().difference(&documented).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "fields of {CRD} that {REFERENCE} does not name (as `spec.…` or `status.…`): {missing:#?}"
+    );
+}
+
+#[test]
+fn the_reference_names_no_field_the_crd_lacks() {
+    let documented = documented_fields(&read(&Path::new(ROOT).join(REFERENCE)));
+    let unknown: Vec<_> = documented.difference(&crd_fields()).cloned().collect();
+    assert!(
+        unknown.is_empty(),
+        "fields {REFERENCE} names that {CRD} does not have: {unknown:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every relative link resolves.
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped (letters, digits, `-`, `_`
+/// and spaces kept), each space a `-`.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a markdown file's headings; a repeated heading gets `-1`, `-2`, … as on GitHub.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut anchors = BTreeSet::new();
+    for line in prose(markdown) {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let anchor = github_anchor(&line[hashes..]);
+        let unique = (0..)
+            .map(|n| {
+                if n == 0 {
+                    anchor.clone()
+                } else {
+                    format!("{anchor}-{n}")
+                }
+            })
+            .find(|candidate| !anchors.contains(candidate))
+            .expect("some suffix is free");
+        anchors.insert(unique);
+    }
+    anchors
+}
+
+/// The targets of inline links and images, `[text](target)`, outside code: fenced blocks and
+/// inline spans (a pattern such as `([-a-z]*[a-z])` is not a link).
+fn link_targets(markdown: &str) -> Vec<String> {
+    let text = prose(markdown).join("\n");
+    let mut targets = Vec::new();
+    for outside_code in text.split('`').step_by(2) {
+        let mut rest = outside_code;
+        while let Some(start) = rest.find("](") {
+            let tail = &rest[start + 2..];
+            let end = tail.find(')').unwrap_or(tail.len());
+            let target = tail[..end].split_whitespace().next().unwrap_or("");
+            targets.push(target.to_string());
+            rest = &tail[end..];
+        }
+    }
+    targets
+}
+
+fn is_relative(target: &str) -> bool {
+    !(target.contains("://") || target.starts_with("mailto:"))
+}
+
+/// Why `target`, linked from `file`, does not resolve; `None` when it does.
+fn broken(file: &Path, target: &str) -> Option<String> {
+    let (path, anchor) = match target.split_once('#') {
+        Some((path, anchor)) => (path, Some(anchor)),
+        None => (target, None),
+    };
+    let linked = if path.is_empty() {
+        file.to_path_buf()
+    } else {
+        file.parent().expect("a file has a directory").join(path)
+    };
+    let shown = linked.strip_prefix(ROOT).unwrap_or(&linked).display();
+    if !linked.exists() {
+        return Some(format!("no file {shown}"));
+    }
+    let anchor = anchor?;
+    if linked.extension().is_none_or(|ext| ext != "md") {
+        return Some("an anchor into a file that is not markdown".into());
+    }
+    let headings = anchors(&read(&linked));
+    (!headings.contains(anchor)).then(|| format!("no heading #{anchor} in {shown}"))
+}
+
+#[test]
+fn github_anchors_follow_githubs_rules() {
+    assert_eq!(github_anchor(" How it sizes"), "how-it-sizes");
+    assert_eq!(github_anchor("The suite: `--suite`"), "the-suite---suite");
+    assert_eq!(github_anchor("1. Measure"), "1-measure");
+    assert_eq!(github_anchor("The demo's parts"), "the-demos-parts");
+    assert_eq!(
+        github_anchor("Scale-downs: idle workers first, drained workers"),
+        "scale-downs-idle-workers-first-drained-workers"
+    );
+    let repeated = anchors("# Scale\n```sh\n# not a heading\n```\n## Scale\n#hashtag\n");
+    assert_eq!(repeated, BTreeSet::from(["scale".into(), "scale-1".into()]));
+}
+
+#[test]
+fn links_are_found_outside_code_only() {
+    let markdown = "see [a](docs/a.md#x) and ![b](b.png \"t\") or [c](https://x.dev)\n\
+                    a pattern `^[a-z]([-a-z]*[a-z])?$` is code\n\
+                    ```yaml\nnot: [a](link.md)\n```\n";
+    assert_eq!(
+        link_targets(markdown),
+        ["docs/a.md#x", "b.png", "https://x.dev"]
+    );
+}
+
+#[test]
+fn every_relative_link_resolves() {
+    let files = markdown_files();
+    assert!(files.len() > 1, "README.md and the pages of docs/");
+    let mut checked = 0;
+    let mut broken_links = Vec::new();
+    for file in &files {
+        for target in link_targets(&read(file)) {
+            if !is_relative(&target) {
+                continue;
+            }
+            checked += 1;
+            if let Some(why) = broken(file, &target) {
+                let shown = file.strip_prefix(ROOT).unwrap_or(file);
+                broken_links.push(format!("{}: ({target}) {why}", shown.display()));
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no relative link found: the link parser is broken"
+    );
+    assert!(
+        broken_links.is_empty(),
+        "broken links:\n{}",
+        broken_links.join("\n")
+    );
+}
