@@ -113,9 +113,10 @@ pub struct LanePoolSpec {
     )]
     pub lanes: Vec<Lane>,
 
-    /// Multiplies measured busy workers (arrival rate × job time) to size the reserve.
-    /// Default 1: the reserve follows the load within seconds and shared workers take what is
-    /// above it; raise it (the guide uses 1.5) for lower urgent latency at some batch cost.
+    /// Multiplies the measured arrival rate each reserve is sized for. Default 1: with the
+    /// default `Queueing` sizing the reserve keeps the urgent wait p99 within the job time at
+    /// the measured load, and shared workers take what is above it; raise it (the guide's
+    /// formula uses 1.5) to plan for more load than is measured, at some batch cost.
     /// Greater than 0, at most 10.
     #[serde(default = "default_headroom")]
     #[schemars(range(min = 0.0, max = MOST_HEADROOM), extend("exclusiveMinimum" = true))]
@@ -189,9 +190,11 @@ pub struct Reserve {
     #[schemars(range(min = 1, max = 1000))]
     pub max: i32,
 
-    /// How the reserve is computed from the measured load. `Formula` (the default):
-    /// ceil(arrival rate × job time × headroom). `LatencyTarget`: the smallest reserve whose
-    /// predicted p99 (Poisson arrivals, reserved workers alone) meets `targetP99`.
+    /// How the reserve is computed from the measured load. `Queueing` (the default): the
+    /// smallest reserve whose predicted urgent wait p99 (Poisson arrivals at the rate ×
+    /// headroom, reserved workers alone) is at most the lane's measured job time, the guide's
+    /// test of a working pool. `Formula`: ceil(arrival rate × job time × headroom).
+    /// `LatencyTarget`: the smallest reserve whose predicted p99 meets `targetP99`.
     #[serde(default)]
     pub sizing: SizingMode,
 
@@ -213,8 +216,11 @@ pub struct Reserve {
 /// How a reserve is computed.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SizingMode {
-    /// The guide's rule: ceil(arrival rate × job time × headroom), clamped to [min, max].
+    /// The smallest reserve whose predicted urgent wait p99 is at most the lane's job time,
+    /// clamped to [min, max].
     #[default]
+    Queueing,
+    /// The guide's rule: ceil(arrival rate × job time × headroom), clamped to [min, max].
     Formula,
     /// The smallest reserve whose predicted p99 meets `targetP99`, clamped to [min, max].
     LatencyTarget,
@@ -225,7 +231,7 @@ pub enum SizingMode {
 #[serde(rename_all = "camelCase")]
 pub struct MetricQuery {
     /// PromQL that returns exactly one series. When absent, built from the worker metric
-    /// convention (see the README) and scoped to this pool.
+    /// convention (docs/worker-protocol.md) and scoped to this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub query: Option<String>,

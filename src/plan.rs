@@ -1,5 +1,6 @@
 //! `lanepool plan`: the guide's step 5 as a command. Shows the reserve a measured load calls for
-//! and the arithmetic behind it, with the same formula the operator runs.
+//! and the arithmetic behind it, with the same rules the operator runs: the guide's formula and
+//! the default queueing rule (urgent wait p99 within the job time).
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use crate::simulate::ArrivalKind;
 use crate::simulate::command::args::parse_millis_range;
 use crate::simulate::{self, SimulateError};
 use crate::simulate::{Arrangement, Scenario, nanos};
-use crate::sizing::formula;
+use crate::sizing::{formula, predicted_wait_p99, wait_within_job_time};
 
 /// The flags of `lanepool plan`.
 #[derive(clap::Args, Debug, Clone)]
@@ -21,10 +22,12 @@ pub struct PlanArgs {
     /// The urgent lane's mean job time, such as 20ms or 1.5s.
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::flag)]
     pub job_time: std::time::Duration,
-    /// Multiplies busy workers to leave room for bursts (a LanePool's default: 1); more than 0,
-    /// at most 10.
+    /// Multiplies the arrival rate planned for (a LanePool's default: 1); more than 0, at most 10.
     #[arg(long, default_value_t = crate::api::DEFAULT_HEADROOM)]
     pub headroom: f64,
+    /// The rule whose reserve is recommended: the default (queueing) or the guide's formula.
+    #[arg(long, value_enum, default_value = "queueing")]
+    pub sizing: PlanSizing,
     /// Fewest reserved workers.
     #[arg(long, default_value_t = 1)]
     pub min: i32,
@@ -33,6 +36,16 @@ pub struct PlanArgs {
     pub max: Option<i32>,
     #[command(flatten)]
     pub sweep: SweepArgs,
+}
+
+/// The rules `lanepool plan` can recommend by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanSizing {
+    /// The smallest reserve whose predicted urgent wait p99 is at most the job time (a
+    /// LanePool's default, `sizing: Queueing`).
+    Queueing,
+    /// ceil(arrival rate × job time × headroom) (`sizing: Formula`).
+    Formula,
 }
 
 /// `lanepool plan`: the arithmetic, then the sweep's table when `--workers` is given.
@@ -73,6 +86,7 @@ fn check(args: &PlanArgs) -> Result<PlanInput, SimulateError> {
         arrival_rate: args.urgent_rate,
         job_seconds: args.job_time.as_secs_f64(),
         headroom: args.headroom,
+        sizing: args.sizing,
         min: args.min,
         max: args.max,
     })
@@ -148,8 +162,8 @@ pub fn sweep(input: &PlanInput, args: &SweepArgs) -> Result<Vec<SweepRow>, Simul
         .collect())
 }
 
-/// The sweep as a table, with the formula's reserve and the target's marked.
-pub fn sweep_lines(rows: &[SweepRow], formula_reserve: i32, target_ms: Option<f64>) -> Vec<String> {
+/// The sweep as a table, with the planned reserve and the target's marked.
+pub fn sweep_lines(rows: &[SweepRow], planned_reserve: i32, target_ms: Option<f64>) -> Vec<String> {
     let meets = |row: &SweepRow, target: f64| row.p99_ms.is_some_and(|p99| p99 <= target);
     let chosen = target_ms.and_then(|t| rows.iter().find(|r| meets(r, t)).map(|r| r.reserve));
     let ms = |v: Option<f64>| v.map_or("—".to_string(), trim);
@@ -159,8 +173,8 @@ pub fn sweep_lines(rows: &[SweepRow], formula_reserve: i32, target_ms: Option<f6
     ];
     for row in rows {
         let mut marks = Vec::new();
-        if i64::from(row.reserve) == i64::from(formula_reserve) {
-            marks.push("formula");
+        if i64::from(row.reserve) == i64::from(planned_reserve) {
+            marks.push("planned");
         }
         if chosen == Some(row.reserve) {
             marks.push("target");
@@ -181,7 +195,7 @@ pub fn sweep_lines(rows: &[SweepRow], formula_reserve: i32, target_ms: Option<f6
     match (target_ms, chosen) {
         (Some(t), Some(r)) => lines.push(format!("recommended   = {r} reserved: the most batch throughput with p99 ≤ {} ms", trim(t))),
         (Some(t), None) => lines.push(format!("recommended   = none: no reserve meets p99 ≤ {} ms; add workers", trim(t))),
-        (None, _) => lines.push(format!("recommended   = {formula_reserve} reserved (the formula); give --target-p99 to choose by latency")),
+        (None, _) => lines.push(format!("recommended   = {planned_reserve} reserved (planned above); give --target-p99 to choose by latency")),
     }
     lines
 }
@@ -192,6 +206,7 @@ pub struct PlanInput {
     pub arrival_rate: f64,
     pub job_seconds: f64,
     pub headroom: f64,
+    pub sizing: PlanSizing,
     pub min: i32,
     pub max: Option<i32>,
 }
@@ -206,7 +221,35 @@ pub struct Plan {
 pub fn plan(input: PlanInput) -> Plan {
     let busy = input.arrival_rate * input.job_seconds;
     let (needed, ceiling) = formula(input.arrival_rate, input.job_seconds, input.headroom);
-    let reserve = ceiling.clamp(input.min, input.max.unwrap_or(i32::MAX).max(input.min));
+    let planned_rate = input.arrival_rate * input.headroom;
+    let queueing = wait_within_job_time(input.arrival_rate, input.job_seconds, input.headroom)
+        .unwrap_or(i32::MAX);
+    let wait = |reserve: i32| {
+        let wait = predicted_wait_p99(planned_rate, input.job_seconds, reserve);
+        if wait.is_finite() {
+            human_seconds(wait)
+        } else {
+            "without end".to_string()
+        }
+    };
+    let mut queueing_line = format!(
+        "queueing      = the fewest reserved whose predicted wait p99 ≤ the job time ({}) at {}/s: {queueing} (waits {})",
+        human_seconds(input.job_seconds),
+        trim(planned_rate),
+        wait(queueing)
+    );
+    if queueing > 0 && queueing < i32::MAX {
+        queueing_line.push_str(&format!(
+            "; {} would wait {}",
+            queueing - 1,
+            wait(queueing - 1)
+        ));
+    }
+    let chosen = match input.sizing {
+        PlanSizing::Queueing => queueing,
+        PlanSizing::Formula => ceiling,
+    };
+    let reserve = chosen.clamp(input.min, input.max.unwrap_or(i32::MAX).max(input.min));
     let mut lines = vec![
         format!(
             "busy workers  = arrival rate × job time = {}/s × {} = {}",
@@ -215,14 +258,15 @@ pub fn plan(input: PlanInput) -> Plan {
             trim(busy)
         ),
         format!(
-            "with headroom = {} × {} = {} → ceil → {}",
+            "with headroom = {} × {} = {} → ceil → {} (the formula)",
             trim(busy),
             trim(input.headroom),
             trim(needed),
             ceiling
         ),
+        queueing_line,
     ];
-    if reserve != ceiling {
+    if reserve != chosen {
         lines.push(format!(
             "within bounds = [{}, {}] → {}",
             input.min,
@@ -231,8 +275,12 @@ pub fn plan(input: PlanInput) -> Plan {
         ));
     }
     lines.push(format!(
-        "reserved      = {reserve} worker{}; reserved capacity {}/s (reserved ÷ job time)",
+        "reserved      = {reserve} worker{} by {}; reserved capacity {}/s (reserved ÷ job time)",
         if reserve == 1 { "" } else { "s" },
+        match input.sizing {
+            PlanSizing::Queueing => "queueing",
+            PlanSizing::Formula => "the formula",
+        },
         if input.job_seconds > 0.0 {
             trim(f64::from(reserve) / input.job_seconds)
         } else {
@@ -251,6 +299,7 @@ mod tests {
             arrival_rate: rate,
             job_seconds: 0.020,
             headroom: 1.5,
+            sizing: PlanSizing::Formula,
             min: 1,
             max: None,
         }
@@ -264,8 +313,15 @@ mod tests {
             plan.lines[0],
             "busy workers  = arrival rate × job time = 30/s × 20 ms = 0.6"
         );
-        assert_eq!(plan.lines[1], "with headroom = 0.6 × 1.5 = 0.9 → ceil → 1");
-        assert!(plan.lines[2].contains("reserved capacity 50/s"));
+        assert_eq!(
+            plan.lines[1],
+            "with headroom = 0.6 × 1.5 = 0.9 → ceil → 1 (the formula)"
+        );
+        assert!(
+            plan.lines[3].contains("reserved capacity 50/s"),
+            "{:?}",
+            plan.lines
+        );
     }
 
     #[test]
@@ -289,7 +345,7 @@ mod tests {
         );
         assert!(rows[3].p99_ms < rows[0].p99_ms);
         let lines = sweep_lines(&rows, 1, Some(25.0));
-        assert!(lines.iter().any(|l| l.contains("formula")));
+        assert!(lines.iter().any(|l| l.contains("planned")));
         assert!(lines.last().is_some_and(|l| l.starts_with("recommended")));
     }
 
@@ -300,6 +356,27 @@ mod tests {
             ..guide(150.0)
         });
         assert_eq!(capped.reserve, 2);
-        assert_eq!(capped.lines[2], "within bounds = [1, 2] → 2");
+        assert_eq!(capped.lines[3], "within bounds = [1, 2] → 2");
+    }
+
+    #[test]
+    fn by_default_the_plan_is_the_operators_queueing_rule() {
+        let plan = plan(PlanInput {
+            headroom: 1.0,
+            sizing: PlanSizing::Queueing,
+            ..guide(30.0)
+        });
+        assert_eq!(plan.reserve, 2, "{:?}", plan.lines);
+        assert!(plan.lines[2].starts_with("queueing      = the fewest reserved whose predicted wait p99 ≤ the job time (20 ms) at 30/s: 2 (waits "), "{:?}", plan.lines);
+        assert!(
+            plan.lines[2].contains("; 1 would wait "),
+            "{:?}",
+            plan.lines
+        );
+        assert!(
+            plan.lines[3].starts_with("reserved      = 2 workers by queueing"),
+            "{:?}",
+            plan.lines
+        );
     }
 }

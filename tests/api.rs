@@ -114,7 +114,7 @@ async fn defaults_are_filled_in_by_the_api_server() {
     assert_eq!(spec["headroom"].as_f64(), Some(1.0));
     assert_eq!(spec["interval"], json!("5s"));
     assert_eq!(spec["lanes"][0]["reserve"]["min"], json!(1));
-    assert_eq!(spec["lanes"][0]["reserve"]["sizing"], json!("Formula"));
+    assert_eq!(spec["lanes"][0]["reserve"]["sizing"], json!("Queueing"));
     assert_eq!(spec["shared"]["minReplicas"], json!(1));
 }
 
@@ -286,7 +286,7 @@ async fn bad_manifests_are_refused_with_the_field_named() {
         ),
         (
             "budget-too-small",
-            Box::new(|s| s["totalWorkers"] = json!(7)),
+            Box::new(|s| s["totalWorkers"] = json!(6)),
             &["spec.totalWorkers", "at least the sum"],
         ),
         (

@@ -83,7 +83,7 @@ fn of_kind<'a>(documents: &'a [Value], kind: &str) -> Vec<&'a Value> {
     documents.iter().filter(|d| d["kind"] == kind).collect()
 }
 
-/// The rules the operator needs (README, "RBAC it needs", plus leader election's leases).
+/// The rules the operator needs (docs/operations.md, "RBAC", plus leader election's leases).
 fn operator_rules() -> Value {
     json!([
         {"apiGroups": ["lanepool.dev"], "resources": ["lanepools"], "verbs": ["get", "list", "watch"]},
@@ -810,7 +810,7 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     // The example pool, created by the admin; fast intervals, the test Prometheus.
     let yaml = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/lanepool.yaml"
+        "/tests/fixtures/formula-pool.yaml"
     ))
     .unwrap();
     let mut manifest: Value = serde_yaml::from_str(&yaml).unwrap();
@@ -1020,7 +1020,7 @@ async fn a_chart_upgrade_that_changes_the_crd_changes_it_in_the_api_server() {
     let short_names = |crd: &CustomResourceDefinition| crd.spec.names.short_names.clone();
 
     // The test environment created the CRD, as `kubectl apply -f crds/` would have: it is handed
-    // to the release the way the README tells, with Helm's ownership label and annotations.
+    // to the release the way docs/operations.md tells, with Helm's ownership label and annotations.
     let adopt = json!({"metadata": {
         "labels": {"app.kubernetes.io/managed-by": "Helm"},
         "annotations": {"meta.helm.sh/release-name": release,
@@ -1154,7 +1154,7 @@ async fn the_chart_rules_load_into_prometheus_and_an_outage_alert_fires_from_the
         .unwrap();
 
     let mut pool: LanePool =
-        serde_yaml::from_str(include_str!("../examples/lanepool.yaml")).unwrap();
+        serde_yaml::from_str(include_str!("fixtures/formula-pool.yaml")).unwrap();
     pool.spec.interval = lanepool::duration::KubeDuration::new("5s");
     pool.spec.prometheus = None;
     Api::<LanePool>::namespaced(client.clone(), &namespace)

@@ -115,7 +115,7 @@ impl World {
     async fn apply_named(&self, name: &str, change: impl FnOnce(&mut serde_json::Value)) {
         let yaml = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/examples/lanepool.yaml"
+            "/tests/fixtures/formula-pool.yaml"
         ))
         .unwrap();
         let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();

@@ -28,7 +28,7 @@ async fn the_operator_converges_after_the_api_server_is_killed_and_restarted() {
 
     let yaml = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/lanepool.yaml"
+        "/tests/fixtures/formula-pool.yaml"
     ))
     .unwrap();
     let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();

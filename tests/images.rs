@@ -456,7 +456,7 @@ async fn the_operator_from_its_image_sizes_a_pool_as_65532_on_a_read_only_root()
     )
     .await;
 
-    let yaml = std::fs::read_to_string(format!("{ROOT}/examples/lanepool.yaml")).unwrap();
+    let yaml = std::fs::read_to_string(format!("{ROOT}/tests/fixtures/formula-pool.yaml")).unwrap();
     let mut manifest: Value = serde_yaml::from_str(&yaml).unwrap();
     manifest["spec"]["interval"] = json!("5s");
     manifest["spec"]

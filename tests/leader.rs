@@ -105,7 +105,7 @@ where
 /// The example pool, named `name`.
 fn example_pool(name: &str) -> LanePool {
     let mut pool: LanePool =
-        serde_yaml::from_str(include_str!("../examples/lanepool.yaml")).unwrap();
+        serde_yaml::from_str(include_str!("fixtures/formula-pool.yaml")).unwrap();
     pool.metadata.name = Some(name.into());
     pool
 }

@@ -14,7 +14,10 @@ pub use decide::{
     CONFIRMING_SHARE, Decision, History, Inputs, LaneDecision, LaneLoad, MOST_TOLERANCE,
     NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,
 };
-pub use queueing::{formula, latency_target, predicted_p99};
+pub use queueing::{
+    formula, latency_target, predicted_p99, predicted_wait_p99, smallest_reserve,
+    wait_within_job_time,
+};
 pub use reads::{Baselines, LaneReads, WorkerCount, baselines, finished_since};
 pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 

@@ -67,6 +67,10 @@ impl Default for UnavailablePolicy {
 /// How a measured load becomes a reserve.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
+    /// The default: the smallest reserve whose predicted urgent wait p99 (M/D/c: Poisson
+    /// arrivals at the rate × headroom, a fixed job time, the reserved workers alone) is at most
+    /// the lane's measured job time. Shared workers only make it better.
+    Queueing,
     /// The guide's formula: ceil(arrival rate × job time × headroom).
     Formula,
     /// The smallest reserve whose predicted urgent p99 (submission to completion), served by
@@ -117,6 +121,7 @@ impl PoolSizing {
                 ));
             }
             let rule = match (reserve.sizing, &reserve.target_p99) {
+                (SizingMode::Queueing, _) => Rule::Queueing,
                 (SizingMode::Formula, _) => Rule::Formula,
                 (SizingMode::LatencyTarget, Some(target)) => {
                     let target = target.get().map_err(|source| Error::Duration {

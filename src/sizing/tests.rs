@@ -507,6 +507,9 @@ proptest! {
         recent in 0.0f64..300.0,
         current in 1i32..=6,
     ) {
+        // Where the recent rate is within its noise of the long one, the long one decides.
+        let (expected, counted) = (long * 15.0, recent * 15.0);
+        prop_assume!((counted - expected).abs() > NOISE_SIGMAS * expected.max(1.0).sqrt());
         let sizing = pool(PoolSize::Budget { total: 10, shared_min: 2 }, 0);
         let decided = |long: f64| {
             at(&sizing, &with_recent(long, recent, 0.02), Some(&replicas(current, 10 - current)), &History::new(), 0)
@@ -631,11 +634,11 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
     let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
     sizing.headroom = 1.0;
     sizing.lanes[0].max = 20;
-    let rate = |window_secs: u64| {
+    let rate = |long: f64, window_secs: u64| {
         BTreeMap::from([(
             "urgent".to_string(),
             Ok(LaneLoad {
-                arrival_rate: 5.0,
+                arrival_rate: long,
                 recent_arrival_rate: Some(RecentRate {
                     per_second: 5.9,
                     window: Duration::from_secs(window_secs),
@@ -644,11 +647,12 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
             }),
         )])
     };
-    // 5.9/s over 15 s is 88 arrivals: ±21 % at two standard deviations, and 5.9/s moved back
-    // by that (4.9/s) asks for the 5 running.
+    // 5.9/s over 15 s is 88 arrivals where the long rate of 4/s expects 60: the load moved. It
+    // is ±21 % at two standard deviations, and 5.9/s moved back by that (4.9/s) asks for the 5
+    // running.
     let noisy = at(
         &sizing,
-        &rate(15),
+        &rate(4.0, 15),
         Some(&replicas(5, 8)),
         &History::new(),
         0,
@@ -664,12 +668,63 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
     // Over 5 minutes the same rate is 1,770 arrivals: the 10 % tolerance, and it grows.
     let counted = at(
         &sizing,
-        &rate(300),
+        &rate(4.0, 300),
         Some(&replicas(5, 8)),
         &History::new(),
         0,
     );
     assert_eq!(counted.lanes[0].reserve, 6);
+}
+
+#[test]
+fn a_recent_rate_within_its_noise_of_the_long_one_leaves_the_long_one_to_decide() {
+    let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
+    sizing.headroom = 1.0;
+    sizing.lanes[0].max = 20;
+    let load = |long: f64, recent: f64| {
+        BTreeMap::from([(
+            "urgent".to_string(),
+            Ok(LaneLoad {
+                arrival_rate: long,
+                recent_arrival_rate: Some(RecentRate {
+                    per_second: recent,
+                    window: Duration::from_secs(5),
+                }),
+                job_seconds: Some(0.5),
+            }),
+        )])
+    };
+    // 6/s over a 5 s read expects 30 arrivals, ±11 at two standard deviations: a read of 4/s
+    // (20) is noise, and the reserve the long rate asks for stays.
+    let steady = at(
+        &sizing,
+        &load(6.0, 4.0),
+        Some(&replicas(3, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(
+        steady.lanes[0].reserve, 3,
+        "{}",
+        steady.lanes[0].explanation
+    );
+    assert!(
+        steady.lanes[0]
+            .explanation
+            .starts_with("urgent 6/s × 500 ms × 1 = 3 → 3 → "),
+        "{}",
+        steady.lanes[0].explanation
+    );
+    // A read of 1/s (5 arrivals) is a load that fell: followed at once.
+    let fell = at(
+        &sizing,
+        &load(6.0, 1.0),
+        Some(&replicas(3, 8)),
+        &History::new(),
+        0,
+    );
+    assert!(fell.lanes[0].reserve < 3, "{}", fell.lanes[0].explanation);
+    assert!(fell.lanes[0].explanation.contains("1/s (recent)"));
 }
 
 #[test]
@@ -1010,5 +1065,91 @@ fn new_settings_are_what_a_spec_that_sets_nothing_more_gives() {
     assert_eq!(
         PoolSizing::new(read.lanes.clone(), read.headroom, read.size),
         read
+    );
+}
+
+#[test]
+fn a_spec_that_sets_no_sizing_gets_the_queueing_rule() {
+    let spec: crate::api::LanePoolSpec = serde_yaml::from_str(
+        "lanes: [{name: urgent, reserve: {max: 6}}, {name: batch}]\n\
+         totalWorkers: 10\n\
+         template: {}\n",
+    )
+    .unwrap();
+    let read = PoolSizing::from_spec(&spec).unwrap();
+    assert_eq!(read.lanes[0].rule, Rule::Queueing);
+    assert_eq!(read.headroom, 1.0);
+}
+
+#[test]
+fn the_guides_normal_load_gets_two_reserved_where_the_formula_gives_one() {
+    // 30/s × 20 ms is 0.6 busy workers: one reserved worker is busy 60 % of the time, and an
+    // urgent job that finds it busy waits for it (or for a batch job to end).
+    assert_eq!(wait_within_job_time(30.0, 0.020, 1.0), Some(2));
+    assert_eq!(formula(30.0, 0.020, 1.0).1, 1);
+    let mut sizing = budget();
+    sizing.headroom = 1.0;
+    sizing.lanes[0].rule = Rule::Queueing;
+    let decision = at(&sizing, &loads(30.0, 0.020), None, &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 2);
+    assert_eq!(
+        decision.lanes[0].explanation,
+        "urgent 30/s × 20 ms, wait p99 ≤ job time → 2 → 2 reserved"
+    );
+    sizing.headroom = 1.5;
+    let planned = at(&sizing, &loads(30.0, 0.020), None, &History::new(), 0);
+    assert!(
+        planned.lanes[0]
+            .explanation
+            .starts_with("urgent 30/s × 20 ms × 1.5, wait p99 ≤ job time → "),
+        "{}",
+        planned.lanes[0].explanation
+    );
+}
+
+#[test]
+fn the_queueing_rule_reserves_what_its_own_prediction_needs_and_no_more() {
+    for job in [0.005, 0.020, 0.5, 2.0] {
+        for busy in [0.01, 0.3, 0.6, 0.99, 1.0, 2.5, 9.7, 40.0, 180.0] {
+            let rate = busy / job;
+            let reserve = wait_within_job_time(rate, job, 1.0).unwrap();
+            assert!(f64::from(reserve) > busy, "{rate}/s × {job} s → {reserve}");
+            assert!(predicted_wait_p99(rate, job, reserve) <= job);
+            assert!(
+                predicted_wait_p99(rate, job, reserve - 1) > job,
+                "{rate}/s × {job} s: {} would do",
+                reserve - 1
+            );
+        }
+    }
+    // Square-root staffing: the spare workers grow far slower than the load.
+    let spare = |busy: f64| f64::from(wait_within_job_time(busy, 1.0, 1.0).unwrap()) - busy;
+    assert!(
+        spare(400.0) < 4.0 * spare(4.0),
+        "{} {}",
+        spare(400.0),
+        spare(4.0)
+    );
+    assert_eq!(wait_within_job_time(0.0, 0.020, 1.0), Some(0));
+}
+
+#[test]
+fn an_endless_load_asks_for_every_worker_it_can_and_says_capped() {
+    assert_eq!(wait_within_job_time(f64::MAX, 1.0, 10.0), None);
+    assert_eq!(smallest_reserve(f64::NAN, 1.0, 1.0), None);
+    let mut sizing = budget();
+    sizing.headroom = 1.0;
+    sizing.lanes[0].rule = Rule::Queueing;
+    let decision = at(&sizing, &loads(1e300, 1e300), None, &History::new(), 0);
+    assert_eq!(decision.lanes[0].reserve, 6);
+    assert!(decision.lanes[0].capped);
+    let capped = at(&sizing, &loads(400.0, 0.020), None, &History::new(), 0);
+    assert_eq!(capped.lanes[0].reserve, 6);
+    assert_eq!(
+        capped.limited,
+        vec![format!(
+            "lane urgent needs {} reserved workers but reserve.max is 6; shared workers absorb the rest",
+            wait_within_job_time(400.0, 0.020, 1.0).unwrap()
+        )]
     );
 }

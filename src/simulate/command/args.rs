@@ -35,7 +35,10 @@ pub enum OutputArg {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SizingArg {
-    /// ceil(arrival rate × job time × headroom), the operator's default.
+    /// The smallest reserve whose predicted urgent wait p99 is at most the job time, the
+    /// operator's default.
+    Queueing,
+    /// ceil(arrival rate × job time × headroom).
     Formula,
     /// The smallest reserve whose predicted urgent p99 meets --target-p99.
     LatencyTarget,
@@ -103,11 +106,16 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub trade_off: bool,
     /// Judge the autoscaled pool, with the defaults a LanePool gets when the user sets nothing,
-    /// on 14 traffic shapes × 3 seeds (20 minutes each, 10 workers): its urgent p99 and batch
-    /// throughput against the static splits' frontier and the hindsight oracle. Ignores the
-    /// other flags.
+    /// on 14 traffic shapes × 3 seeds (20 minutes each, --workers in a budget, the shapes'
+    /// rates scaled by --workers ÷ 10): its urgent p99 and batch throughput against the static
+    /// splits' frontier and the hindsight oracle. Ignores the other flags.
     #[arg(long)]
     pub suite: bool,
+    /// With --suite: the steady-load grid instead (urgent job time × batch job time × pool size
+    /// × rate, and cells drawn from a seed): each default pool's urgent wait p99 against its job
+    /// time, worst cell first.
+    #[arg(long, requires = "suite", conflicts_with = "held_out")]
+    pub steady: bool,
     /// With --suite: run the held-out shapes instead (7 families whose widths, heights, gaps
     /// and volatility are drawn from seeds the sizing was never tuned on), to check that what
     /// the suite shows generalizes.
@@ -124,7 +132,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub autoscale: bool,
     /// How the reserve is sized with --autoscale.
-    #[arg(long, value_enum, default_value = "formula")]
+    #[arg(long, value_enum, default_value = "queueing")]
     pub sizing: SizingArg,
     /// The urgent p99 the latency-target sizing aims for, such as 25ms.
     #[arg(long, value_parser = duration::flag)]
@@ -363,6 +371,7 @@ impl SimulateArgs {
             })?;
         }
         let rule = match (self.sizing, self.target_p99) {
+            (SizingArg::Queueing, None) => Rule::Queueing,
             (SizingArg::Formula, None) => Rule::Formula,
             (SizingArg::LatencyTarget, Some(target)) if target > Duration::ZERO => {
                 Rule::LatencyTarget {
@@ -375,7 +384,7 @@ impl SimulateArgs {
                     "--sizing latency-target needs a --target-p99 above 0",
                 ));
             }
-            (SizingArg::Formula, Some(_)) => {
+            (SizingArg::Formula | SizingArg::Queueing, Some(_)) => {
                 return Err(SimulateError::flag(
                     "--target-p99",
                     "applies only with --sizing latency-target",

@@ -11,7 +11,7 @@ mod series;
 
 use crate::simulate::SimulateError;
 use crate::simulate::engine;
-use crate::simulate::studies::{bench, guide, held_out, suite, tradeoff};
+use crate::simulate::studies::{bench, guide, held_out, steady, suite, tradeoff};
 use args::{OutputArg, SimulateArgs};
 
 fn write(path: &Path, contents: &str) -> Result<(), SimulateError> {
@@ -28,16 +28,23 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     if args.bench {
         return Ok(bench::run());
     }
+    if args.suite && args.steady {
+        return Ok(steady::table());
+    }
     if args.suite {
         let set = if args.held_out {
             held_out::set()
         } else {
             suite::Set::suite()
         };
+        let set = suite::Set {
+            workers: args.workers,
+            ..set
+        };
         return Ok(suite::table(
             &set,
             suite::DURATION,
-            &crate::simulate::engine::autoscale::lanepool_defaults(suite::WORKERS),
+            &crate::simulate::engine::autoscale::lanepool_defaults(args.workers),
         ));
     }
     if args.trade_off {

@@ -218,6 +218,7 @@ pub fn set() -> Set {
     Set {
         shapes: shapes(),
         seeds: SEEDS.to_vec(),
+        workers: super::suite::WORKERS,
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::in_parallel;
 use super::tradeoff::{Oracle, Point, frontier, static_splits};
 use crate::duration::trim;
 use crate::simulate::engine::arrivals::ArrivalKind;
@@ -18,7 +19,8 @@ pub const SEEDS: [u64; 3] = [1, 2, 3];
 /// How long each run lasts.
 pub const DURATION: Duration = Duration::from_secs(20 * 60);
 
-/// The workers of every suite pool: as the guide's, 10 in a fixed budget.
+/// The workers of a suite pool unless asked otherwise: as the guide's, 10 in a fixed budget.
+/// A pool of other size runs every shape with its rates scaled by its size over this.
 pub const WORKERS: u32 = 10;
 
 /// One traffic shape: a fixed profile, or one drawn from the run's seed.
@@ -195,9 +197,9 @@ pub fn shapes() -> Vec<Shape> {
     ]
 }
 
-/// The pool every shape runs on: the guide's workers and jobs, Poisson arrivals, a backlog that
-/// never runs out.
-pub fn base(profile: RateProfile, duration: Duration, seed: u64) -> Scenario {
+/// The pool every shape runs on: the guide's jobs, `workers` in a budget, Poisson arrivals, a
+/// backlog that never runs out.
+pub fn base(profile: RateProfile, duration: Duration, seed: u64, workers: u32) -> Scenario {
     let duration = crate::simulate::engine::scenario::nanos(duration);
     Scenario {
         arrivals: ArrivalKind::Poisson,
@@ -206,7 +208,7 @@ pub fn base(profile: RateProfile, duration: Duration, seed: u64) -> Scenario {
         duration,
         window: duration,
         seed,
-        workers: WORKERS,
+        workers,
         ..Scenario::guide(Arrangement::ReservedShared, 0.0)
     }
 }
@@ -247,8 +249,19 @@ impl Case {
 }
 
 /// Runs one shape with one seed.
-pub fn case(shape: &Shape, duration: Duration, seed: u64, config: &Autoscale) -> Case {
-    let scenario = base(shape.profile(duration.as_secs_f64(), seed), duration, seed);
+pub fn case(
+    shape: &Shape,
+    duration: Duration,
+    seed: u64,
+    workers: u32,
+    config: &Autoscale,
+) -> Case {
+    let scale = f64::from(workers) / f64::from(WORKERS);
+    let mut profile = shape.profile(duration.as_secs_f64(), seed);
+    for (_, rate) in &mut profile.steps {
+        *rate *= scale;
+    }
+    let scenario = base(profile, duration, seed, workers);
     let outcome = run(&Scenario {
         autoscale: Some(config.clone()),
         ..scenario.clone()
@@ -310,6 +323,8 @@ impl Row {
 pub struct Set {
     pub shapes: Vec<Shape>,
     pub seeds: Vec<u64>,
+    /// The pool's workers; the shapes' rates scale with them (see [`WORKERS`]).
+    pub workers: u32,
 }
 
 impl Set {
@@ -318,47 +333,27 @@ impl Set {
         Self {
             shapes: shapes(),
             seeds: SEEDS.to_vec(),
+            workers: WORKERS,
         }
     }
 }
 
 /// Runs every shape with every seed, on both cores.
 pub fn rows(set: &Set, duration: Duration, config: &Autoscale) -> Vec<Row> {
-    let shapes = set.shapes.clone();
-    let seeds = &set.seeds;
-    let jobs: Vec<(usize, u64)> = (0..shapes.len())
-        .flat_map(|s| seeds.iter().map(move |seed| (s, *seed)))
+    let jobs: Vec<(&Shape, u64)> = set
+        .shapes
+        .iter()
+        .flat_map(|shape| set.seeds.iter().map(move |seed| (shape, *seed)))
         .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut results: Vec<Option<Case>> = vec![None; jobs.len()];
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((shape, seed)) = jobs.get(i) else {
-                            return done;
-                        };
-                        done.push((i, case(&shapes[*shape], duration, *seed, config)));
-                    }
-                })
-            })
-            .collect();
-        for handle in handles {
-            for (i, case) in handle.join().unwrap_or_default() {
-                results[i] = Some(case);
-            }
-        }
-    });
-    let mut cases = results.into_iter().flatten();
-    shapes
-        .into_iter()
+    let mut cases = in_parallel(&jobs, |(shape, seed)| {
+        case(shape, duration, *seed, set.workers, config)
+    })
+    .into_iter();
+    set.shapes
+        .iter()
         .map(|shape| Row {
-            shape,
-            cases: cases.by_ref().take(seeds.len()).collect(),
+            shape: shape.clone(),
+            cases: cases.by_ref().take(set.seeds.len()).collect(),
         })
         .collect()
 }
@@ -419,10 +414,11 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
     let ceiling = mean(rows.iter().map(Row::mean_ceiling));
     let below = rows.iter().filter(|r| r.worst_margin() < 0.0).count();
     lines.push(format!(
-        "\n{} profiles × {} seeds, {} each: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average, whose own mean margin (the ceiling) is {}",
+        "\n{} profiles × {} seeds, {} each, {} workers: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average, whose own mean margin (the ceiling) is {}",
         rows.len(),
         set.seeds.len(),
         trim(duration.as_secs_f64() / 60.0) + " min",
+        set.workers,
         percent(mean_margin),
         percent(worst),
         trim((share * 1000.0).round() / 10.0),

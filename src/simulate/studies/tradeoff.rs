@@ -1,6 +1,6 @@
 //! `--trade-off`: urgent p99 against batch throughput on one rate profile, for every static
-//! split, for the autoscaled pool (the guide's formula and latency targets) and for an oracle
-//! that picks the best static split for each phase in hindsight. Item 5's evidence.
+//! split, for the autoscaled pool (the default queueing rule, the guide's formula and latency
+//! targets) and for an oracle that picks the best static split for each phase in hindsight.
 
 use crate::duration::trim;
 use crate::simulate::engine::outcome::{Summary, summarize};
@@ -49,16 +49,19 @@ pub fn static_splits(base: &Scenario) -> Vec<Point> {
 
 /// The operator in the loop, with each rule.
 pub fn autoscaled(base: &Scenario, config: &Autoscale) -> Vec<Point> {
-    let rules = std::iter::once(("autoscale formula".to_string(), Rule::Formula)).chain(
-        TARGETS_MS.iter().map(|ms| {
-            (
-                format!("autoscale p99≤{ms}ms"),
-                Rule::LatencyTarget {
-                    p99_seconds: ms / 1e3,
-                },
-            )
-        }),
-    );
+    let rules = [
+        ("autoscale queueing".to_string(), Rule::Queueing),
+        ("autoscale formula".to_string(), Rule::Formula),
+    ]
+    .into_iter()
+    .chain(TARGETS_MS.iter().map(|ms| {
+        (
+            format!("autoscale p99≤{ms}ms"),
+            Rule::LatencyTarget {
+                p99_seconds: ms / 1e3,
+            },
+        )
+    }));
     rules
         .map(|(policy, rule)| {
             let mut config = config.clone();
