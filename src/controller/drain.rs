@@ -180,7 +180,7 @@ pub(super) fn pod_ready(pod: &Pod) -> bool {
 
 /// Asks each of `pods` to drain for its seconds (`0`: stop draining); their answers by name
 /// (`Refused` too for a Pod with no metrics port, no answer in time, or a redirect).
-async fn ask(ctx: &Context, pods: Vec<(&Pod, u64)>) -> BTreeMap<String, Answer> {
+async fn ask(workers: &PoolPods<'_>, pods: Vec<(&Pod, u64)>) -> BTreeMap<String, Answer> {
     // Owned names and addresses: the requests outlive no borrow of the listed Pods.
     let mut answers = BTreeMap::new();
     let mut reachable = Vec::new();
@@ -192,7 +192,7 @@ async fn ask(ctx: &Context, pods: Vec<(&Pod, u64)>) -> BTreeMap<String, Answer> 
             }
         }
     }
-    for (name, answer) in super::pods::post_drains(ctx, reachable).await {
+    for (name, answer) in workers.post_drains(reachable).await {
         let answer = match answer {
             Ok((status, text)) => read_answer(status, &text),
             Err(_) => Answer::Refused,
@@ -241,7 +241,7 @@ pub(super) async fn drain_before_shrinks(
                 .filter(|p| drain.pods.contains_key(&p.name_any()))
                 .map(|p| (p, 0))
                 .collect();
-            ask(ctx, back).await;
+            ask(workers, back).await;
         }
         info!(
             deployment,
@@ -289,7 +289,7 @@ async fn advance(
     if starting {
         let live_refs: Vec<&Pod> = live.iter().collect();
         let Some(reading) =
-            idle_first::read_work(pool, ctx, connection, deployment, &live_refs).await
+            idle_first::read_work(pool, ctx, workers, connection, deployment, &live_refs).await
         else {
             warn!(
                 deployment,
@@ -342,7 +342,7 @@ async fn advance(
             }
         })
         .collect();
-    let answers = ask(ctx, requests).await;
+    let answers = ask(workers, requests).await;
     for (name, answer) in answers {
         match (answer, drain.pods.get_mut(&name)) {
             (Answer::Draining { busy }, Some(drained)) => drained.idle = !busy,

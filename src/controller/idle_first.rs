@@ -281,19 +281,16 @@ fn parse_sample_line(line: &str) -> Option<(&str, BTreeMap<String, String>, &str
 }
 
 /// Asks each Pod that has a metrics port for its gauges; the answers, labelled by pod name.
-async fn ask_workers(ctx: &Context, pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
-    super::pods::metrics_texts(ctx, pods)
-        .await
-        .into_iter()
-        .fold(
-            Default::default(),
-            |(mut busy, mut started), (name, text)| {
-                let (b, s) = parse_gauges(&text, &name);
-                busy.extend(b);
-                started.extend(s);
-                (busy, started)
-            },
-        )
+async fn ask_workers(workers: &PoolPods<'_>, pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
+    workers.metrics_texts(pods).await.into_iter().fold(
+        Default::default(),
+        |(mut busy, mut started), (name, text)| {
+            let (b, s) = parse_gauges(&text, &name);
+            busy.extend(b);
+            started.extend(s);
+            (busy, started)
+        },
+    )
 }
 
 /// The pool's gauges from Prometheus (`None`: not reachable).
@@ -346,13 +343,14 @@ impl Reading {
 pub(super) async fn read_work(
     pool: &LanePool,
     ctx: &Context,
+    workers: &PoolPods<'_>,
     connection: Option<&Connection>,
     deployment: &str,
     live: &[&Pod],
 ) -> Option<Reading> {
     let namespace = pool.namespace().unwrap_or_default();
     // Each worker asked now, and Prometheus (a scrape old) only for those that did not answer.
-    let (busy, job_started) = ask_workers(ctx, live).await;
+    let (busy, job_started) = ask_workers(workers, live).await;
     let mut work = busy_pods(&busy, &job_started);
     let answered = work.len();
     if live.iter().any(|p| !work.contains_key(&p.name_any())) {
@@ -407,7 +405,7 @@ pub(super) async fn rank_before_shrink(
     if live.is_empty() {
         return;
     }
-    let Some(reading) = read_work(pool, ctx, connection, deployment, &live).await else {
+    let Some(reading) = read_work(pool, ctx, workers, connection, deployment, &live).await else {
         warn!(
             deployment,
             "Pods not ranked before the shrink: no worker answered"

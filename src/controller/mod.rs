@@ -263,7 +263,8 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         step::recorded_replicas(pool, &old_status, &existing)
     });
     // The pool's own workers: only Pods its Deployments' ReplicaSets control are asked anything.
-    let workers = pods::PoolPods::new(ctx, pool, existing.values());
+    // All Pod I/O of this reconcile (reads, drains, ranking) ends within one budget.
+    let workers = pods::PoolPods::new(ctx, pool, existing.values(), pods::budget(interval));
     let decision = if start.due {
         // The workers are read while Prometheus is asked: neither waits for the other.
         let (measured, answers) = futures::join!(

@@ -145,7 +145,7 @@ impl WorkerReads {
             return None;
         }
         let wall = Timestamp::now();
-        let (answers, expected) = ask(pool, ctx, workers, self.last.map(|(_, at)| at)).await?;
+        let (answers, expected) = ask(pool, workers, self.last.map(|(_, at)| at)).await?;
         Some(Answers {
             answers,
             expected,
@@ -269,7 +269,6 @@ impl WorkerReads {
 /// listed or none answered with counts. A Pod that is not the pool's worker is never asked.
 async fn ask(
     pool: &LanePool,
-    ctx: &Context,
     workers: &PoolPods<'_>,
     last_read: Option<Timestamp>,
 ) -> Option<(Vec<WorkerCount>, BTreeSet<String>)> {
@@ -299,18 +298,18 @@ async fn ask(
         })
         .collect();
     let lanes = read_lanes(pool);
-    let answers: Vec<WorkerCount> =
-        super::pods::metrics_texts(ctx, &live.iter().collect::<Vec<_>>())
-            .await
-            .into_iter()
-            .filter_map(|(worker, text)| {
-                Some(WorkerCount {
-                    started_since: started_since.get(&worker).copied().unwrap_or(false),
-                    finished: finished_counts(&text, &lanes)?,
-                    worker,
-                })
+    let answers: Vec<WorkerCount> = workers
+        .metrics_texts(&live.iter().collect::<Vec<_>>())
+        .await
+        .into_iter()
+        .filter_map(|(worker, text)| {
+            Some(WorkerCount {
+                started_since: started_since.get(&worker).copied().unwrap_or(false),
+                finished: finished_counts(&text, &lanes)?,
+                worker,
             })
-            .collect();
+        })
+        .collect();
     (!answers.is_empty()).then_some((answers, expected))
 }
 

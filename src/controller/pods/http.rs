@@ -31,6 +31,8 @@ pub(crate) enum Refused {
     TooManyLines,
     #[error("an answer that is not UTF-8 text")]
     NotText,
+    #[error("no time left in the reconcile's budget for Pods")]
+    OutOfTime,
     #[error("no HTTP client for Pods")]
     NoClient,
 }
@@ -43,7 +45,7 @@ impl Refused {
             Self::Redirect { .. } => Some("redirect"),
             Self::TooLong | Self::TooManyLines => Some("too_large"),
             Self::NotText => Some("not_text"),
-            Self::Http(_) | Self::Status(_) | Self::NoClient => None,
+            Self::Http(_) | Self::Status(_) | Self::OutOfTime | Self::NoClient => None,
         }
     }
 }

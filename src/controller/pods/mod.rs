@@ -6,6 +6,8 @@
 mod http;
 mod owners;
 
+use std::time::Duration;
+
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -14,16 +16,17 @@ use kube::api::{Api, ListParams};
 use tokio::sync::OnceCell;
 use tracing::debug;
 
-use super::context::Context;
+use super::context::{Context, POD_REQUESTS_IN_FLIGHT};
 use super::idle_first::metrics_address;
 use crate::api::{LanePool, POOL_LABEL};
 pub(crate) use http::Refused;
 use owners::{Owners, PoolDeployments, pool_deployments};
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
-/// read, asked to drain or annotated.
+/// read, asked to drain or annotated, and all of it within one deadline.
 pub(super) struct PoolPods<'a> {
     ctx: &'a Context,
+    deadline: tokio::time::Instant,
     namespace: String,
     pool: String,
     deployments: PoolDeployments,
@@ -34,14 +37,17 @@ pub(super) struct PoolPods<'a> {
 }
 
 impl<'a> PoolPods<'a> {
-    /// The Pods of `pool`, whose Deployments are among `existing` (the watch cache's).
+    /// The Pods of `pool`, whose Deployments are among `existing` (the watch cache's), asked
+    /// for at most `budget` from now.
     pub(super) fn new<'d>(
         ctx: &'a Context,
         pool: &LanePool,
         existing: impl IntoIterator<Item = &'d Deployment>,
+        budget: Duration,
     ) -> Self {
         Self {
             ctx,
+            deadline: tokio::time::Instant::now() + budget,
             namespace: pool.namespace().unwrap_or_default(),
             pool: pool.name_any(),
             deployments: pool_deployments(&pool.uid().unwrap_or_default(), existing),
@@ -85,11 +91,15 @@ impl<'a> PoolPods<'a> {
             return Ok(Vec::new());
         }
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        let (listed, owners) = futures::join!(
-            self.ctx
-                .read(format!("listing the Pods of {whose}"), pods.list(params)),
+        let action = format!("listing the Pods of {whose}");
+        let both = futures::future::join(
+            self.ctx.read(action.clone(), pods.list(params)),
             self.owners(),
         );
+        let Ok((listed, owners)) = tokio::time::timeout_at(self.deadline, both).await else {
+            let seconds = POD_BUDGET.as_secs();
+            return Err(crate::Error::Timeout { action, seconds });
+        };
         let owners = owners?;
         Ok(listed?
             .items
@@ -120,8 +130,20 @@ impl<'a> PoolPods<'a> {
     }
 }
 
-/// Most requests to one pool's Pods in flight at once.
-const REQUESTS_IN_FLIGHT: usize = 32;
+/// Most requests to one pool's Pods in flight at once (a pool has one reconcile at a time, and
+/// it asks its Pods one step after another): a quarter of the operator's
+/// [`POD_REQUESTS_IN_FLIGHT`], so one pool's silent Pods never hold every slot.
+const REQUESTS_IN_FLIGHT: usize = POD_REQUESTS_IN_FLIGHT / 4;
+/// The most one reconcile spends on its pool's Pods, lists and requests together (less when the
+/// measurement's deadline is shorter): a healthy worker answers in milliseconds, and silent ones
+/// cost their pool this, however many there are.
+pub(super) const POD_BUDGET: Duration = Duration::from_secs(1);
+
+/// How long a reconcile of a pool measured every `interval` may spend on its Pods: within the
+/// measurement's deadline, at most [`POD_BUDGET`].
+pub(super) fn budget(interval: Duration) -> Duration {
+    super::measure::deadline(interval).min(POD_BUDGET)
+}
 
 /// Counts a refusal a Pod chose (an answer too large, a redirect) in `worker_reads_rejected`.
 fn count(ctx: &Context, refused: &Refused) {
@@ -130,46 +152,68 @@ fn count(ctx: &Context, refused: &Refused) {
     }
 }
 
-/// Each of `pods` that has a metrics port asked for its `/metrics` text, at most
-/// [`REQUESTS_IN_FLIGHT`] at once: (pod name, text) of those that answered in time.
-pub(super) async fn metrics_texts(ctx: &Context, pods: &[&Pod]) -> Vec<(String, String)> {
-    let targets: Vec<(String, String)> = pods
-        .iter()
-        .filter_map(|pod| Some((pod.name_any(), metrics_address(pod)?)))
-        .collect();
-    futures::stream::iter(targets)
-        .map(|(name, address)| async move {
-            match http::get(&address, "/metrics").await {
-                Ok(text) => Some((name, text)),
-                Err(refused) => {
-                    count(ctx, &refused);
-                    debug!(pod = %name, %address, error = %refused, "worker did not answer");
-                    None
-                }
-            }
-        })
-        .buffer_unordered(REQUESTS_IN_FLIGHT)
-        .filter_map(std::future::ready)
-        .collect()
-        .await
-}
+impl PoolPods<'_> {
+    /// One request, once the operator has a slot for it, within the reconcile's deadline.
+    async fn request<T, F>(&self, send: impl FnOnce() -> F) -> Result<T, Refused>
+    where
+        F: Future<Output = Result<T, Refused>>,
+    {
+        let sent = async {
+            let _slot = self
+                .ctx
+                .pod_requests
+                .acquire()
+                .await
+                .map_err(|_| Refused::OutOfTime)?;
+            send().await
+        };
+        tokio::time::timeout_at(self.deadline, sent)
+            .await
+            .unwrap_or(Err(Refused::OutOfTime))
+    }
 
-/// `POST /drain?seconds={seconds}` to each of `pods` at its metrics address: (pod name, the
-/// status and text of its answer, or why there is none).
-pub(super) async fn post_drains(
-    ctx: &Context,
-    pods: Vec<(String, String, u64)>,
-) -> Vec<(String, Result<(u16, String), Refused>)> {
-    futures::stream::iter(pods)
-        .map(|(name, address, seconds)| async move {
-            let answer = http::post(&address, &format!("/drain?seconds={seconds}")).await;
-            if let Err(refused) = &answer {
-                count(ctx, refused);
-                debug!(pod = %name, %address, error = %refused, "worker not asked to drain");
-            }
-            (name, answer)
-        })
-        .buffer_unordered(REQUESTS_IN_FLIGHT)
-        .collect()
-        .await
+    /// Each of `pods` that has a metrics port asked for its `/metrics` text, at most
+    /// [`REQUESTS_IN_FLIGHT`] at once: (pod name, text) of those that answered in time.
+    pub(super) async fn metrics_texts(&self, pods: &[&Pod]) -> Vec<(String, String)> {
+        let targets: Vec<(String, String)> = pods
+            .iter()
+            .filter_map(|pod| Some((pod.name_any(), metrics_address(pod)?)))
+            .collect();
+        futures::stream::iter(targets)
+            .map(|(name, address)| async move {
+                match self.request(|| http::get(&address, "/metrics")).await {
+                    Ok(text) => Some((name, text)),
+                    Err(refused) => {
+                        count(self.ctx, &refused);
+                        debug!(pod = %name, %address, error = %refused, "worker did not answer");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(REQUESTS_IN_FLIGHT)
+            .filter_map(std::future::ready)
+            .collect()
+            .await
+    }
+
+    /// `POST /drain?seconds={seconds}` to each of `pods` at its metrics address: (pod name, the
+    /// status and text of its answer, or why there is none).
+    pub(super) async fn post_drains(
+        &self,
+        pods: Vec<(String, String, u64)>,
+    ) -> Vec<(String, Result<(u16, String), Refused>)> {
+        futures::stream::iter(pods)
+            .map(|(name, address, seconds)| async move {
+                let path = format!("/drain?seconds={seconds}");
+                let answer = self.request(|| http::post(&address, &path)).await;
+                if let Err(refused) = &answer {
+                    count(self.ctx, refused);
+                    debug!(pod = %name, %address, error = %refused, "worker not asked to drain");
+                }
+                (name, answer)
+            })
+            .buffer_unordered(REQUESTS_IN_FLIGHT)
+            .collect()
+            .await
+    }
 }
