@@ -31,6 +31,7 @@ pub struct Metrics {
     query_duration: Histogram,
     query_failures: Counter,
     writes: Family<Labels, Counter>,
+    worker_reads_rejected: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -49,6 +50,7 @@ impl Default for Metrics {
             query_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             query_failures: Counter::default(),
             writes: Family::default(),
+            worker_reads_rejected: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -110,6 +112,13 @@ impl Default for Metrics {
             "kube_writes",
             "Writes to the API server, by result (success, failure, timeout)",
             metrics.writes.clone(),
+        );
+        registry.register(
+            "worker_reads_rejected",
+            "Answers of worker Pods not taken, by reason: too_large (over the byte or line cap, or \
+             too many series), redirect (never followed), not_text, implausible (more finished \
+             jobs than the worker could have run)",
+            metrics.worker_reads_rejected.clone(),
         );
         Self {
             registry,
@@ -198,6 +207,20 @@ impl Metrics {
         self.writes
             .get_or_create(&vec![("result", result.to_string())])
             .inc();
+    }
+
+    /// A worker Pod's answer not taken, for `reason`.
+    pub fn worker_read_rejected(&self, reason: &'static str) {
+        self.worker_reads_rejected
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// How many worker Pods' answers were not taken for `reason`.
+    pub fn worker_reads_rejected(&self, reason: &'static str) -> u64 {
+        self.worker_reads_rejected
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .get()
     }
 
     /// The Prometheus text exposition of every metric.

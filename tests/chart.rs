@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Client, Config, ResourceExt};
 use lanepool::api::LanePool;
 use lanepool::crd::{lanepool_crd, lanepool_crd_chart_template};
 use lanepool::prometheus::AllowedUrls;
@@ -90,6 +90,7 @@ fn operator_rules() -> Value {
         {"apiGroups": ["lanepool.dev"], "resources": ["lanepools/status"], "verbs": ["get", "patch", "update"]},
         {"apiGroups": ["apps"], "resources": ["deployments"],
          "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list", "watch"]},
         {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
@@ -279,6 +280,8 @@ fn optional_resources_render_only_when_enabled() {
                 "RoleBinding",
                 "Deployment",
                 "Service",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
             ]
             .map(String::from)
         )
@@ -868,6 +871,7 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         ("patch", "apps", "deployments"),
         ("delete", "apps", "deployments"),
         ("list", "autoscaling", "horizontalpodautoscalers"),
+        ("list", "apps", "replicasets"),
         ("list", "", "pods"),
         ("patch", "", "pods"),
         ("get", "", "secrets"),
@@ -901,6 +905,7 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         ("watch", "", "pods"),
         ("delete", "", "pods"),
         ("create", "", "pods/eviction"),
+        ("delete", "apps", "replicasets"),
         ("create", "lanepool.dev", "lanepools"),
         ("delete", "lanepool.dev", "lanepools"),
         ("update", "lanepool.dev", "lanepools"),
@@ -970,6 +975,90 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     } else {
         assert!(outside, "a cluster-wide install reaches every namespace");
     }
+
+    // A Pod the operator may give a deletion cost and change nothing else of: RBAC grants
+    // "patch pods", the chart's ValidatingAdmissionPolicy narrows it.
+    let admin_pods = Api::<Pod>::namespaced(admin.clone(), &pools);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "guarded", "labels": {"app": "x"}, "annotations": {"note": "kept"}},
+        "spec": {"containers": [{"name": "c", "image": "before"}]},
+    }))
+    .unwrap();
+    admin_pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let operator_pods = Api::<Pod>::namespaced(operator_client.clone(), &pools);
+    let patch = |patch: Value| {
+        let operator_pods = operator_pods.clone();
+        async move {
+            operator_pods
+                .patch("guarded", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        }
+    };
+    // The API server loads a new policy within a second or so: until then a change goes through
+    // (each try sets a new value, so none is a no-op).
+    let mut tries = 0;
+    until(20, "the operator's label change refused", || {
+        tries += 1;
+        let label = json!({"metadata": {"labels": {"app": format!("try-{tries}")}}});
+        async { patch(label).await.is_err() }
+    })
+    .await;
+    let cost =
+        json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1"}}});
+    patch(cost)
+        .await
+        .expect("the deletion cost is the operator's to set");
+    for (what, change) in [
+        (
+            "image",
+            json!({"spec": {"containers": [{"name": "c", "image": "after"}]}}),
+        ),
+        (
+            "annotation",
+            json!({"metadata": {"annotations": {"note": "changed"}}}),
+        ),
+        (
+            "removed annotation",
+            json!({"metadata": {"annotations": {"note": null}}}),
+        ),
+        (
+            "finalizer",
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        ),
+    ] {
+        match patch(change).await {
+            Err(kube::Error::Api(status)) => {
+                assert!(
+                    status.message.contains("lanepool changes no Pod"),
+                    "{what}: {status:?}"
+                )
+            }
+            other => panic!("{what}: expected a refusal, got {other:?}"),
+        }
+    }
+    let guarded = admin_pods.get("guarded").await.unwrap();
+    assert_eq!(
+        guarded.spec.as_ref().unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("before")
+    );
+    assert_eq!(
+        guarded.annotations().get("note").map(String::as_str),
+        Some("kept")
+    );
+    // The policy is the operator's only: anyone else changes the Pod as before.
+    admin_pods
+        .patch(
+            "guarded",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "admin"}}})),
+        )
+        .await
+        .expect("the admin is not bound by the operator's policy");
 
     // Clean up: stop the operator; delete the pool so that no later operator reconciles it.
     assert!(

@@ -962,9 +962,32 @@ async fn a_rate_on_an_integer_boundary_does_not_flap() {
 }
 
 /// A worker Pod of pool `jobs` that is ready and serves, at a loopback port, its own count of
-/// urgent jobs finished: `rate()` jobs per second since it started. As a kubelet would, the test
-/// binds the Pod and gives it its address, its readiness and its container's start time.
+/// urgent jobs finished: `rate()` jobs per second since it started. As the Deployment and
+/// ReplicaSet controllers would (none runs here), the test makes it a Pod of a ReplicaSet of the
+/// pool's Deployment `jobs-shared`; as a kubelet would, it binds the Pod and gives it its address,
+/// its readiness and its container's start time.
 async fn counting_worker(world: &World, name: &str, rate: Arc<std::sync::Mutex<f64>>) {
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    world
+        .until(30, "Deployment jobs-shared", || async {
+            deployments.get_opt("jobs-shared").await.unwrap().is_some()
+        })
+        .await;
+    let deployment = deployments.get("jobs-shared").await.unwrap();
+    let labels = json!({"lanepool.dev/pool": "jobs", "lanepool.dev/role": "shared"});
+    let replicaset: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-rs"), "labels": labels,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                "name": "jobs-shared", "uid": deployment.uid().unwrap(), "controller": true}]},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "worker", "image": "lane-worker"}]}}},
+    }))
+    .unwrap();
+    let replicaset = Api::namespaced(world.client.clone(), &world.namespace)
+        .create(&PostParams::default(), &replicaset)
+        .await
+        .unwrap();
     let counted = Arc::new(std::sync::Mutex::new((0.0_f64, Instant::now())));
     let addr = testenv::serve_metrics(move || {
         let per_second = *rate.lock().unwrap_or_else(|p| p.into_inner());
@@ -984,7 +1007,9 @@ async fn counting_worker(world: &World, name: &str, rate: Arc<std::sync::Mutex<f
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.namespace);
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"lanepool.dev/pool": "jobs", "lanepool.dev/role": "shared"}},
+        "metadata": {"name": name, "labels": labels,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": replicaset.name_any(), "uid": replicaset.uid().unwrap(), "controller": true}]},
         "spec": {"nodeName": "local", "containers": [{"name": "worker", "image": "lane-worker",
             "ports": [{"name": "metrics", "containerPort": addr.port()}]}]},
     }))
@@ -1016,13 +1041,13 @@ async fn the_workers_own_counts_grow_the_reserve_for_a_spike_prometheus_has_not_
     // Prometheus sees 30/s throughout: 30/s × 20 ms × 1.5 = 0.9 → 1 reserved, never more.
     world.urgent(30.0, 0.020);
     let rate = Arc::new(std::sync::Mutex::new(30.0));
-    counting_worker(&world, "jobs-shared-counting", rate.clone()).await;
     world
         .apply_pool(|spec| {
             spec["template"]["spec"]["containers"][0]["ports"] =
                 json!([{"name": "metrics", "containerPort": 9100}]);
         })
         .await;
+    counting_worker(&world, "jobs-shared-counting", rate.clone()).await;
     watch_counts(&world, 40, |r, s| r == 1 && s == 9).await;
     world
         .until(60, "Prometheus's long rate at 30/s", || async {

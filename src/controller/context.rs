@@ -104,7 +104,14 @@ pub struct Context {
     pub(super) pools: Mutex<HashMap<PoolKey, PoolMemory>>,
     pub(super) prometheus: prometheus::Clients,
     pub(super) caches: OnceLock<Vec<Caches>>,
+    /// Requests to worker Pods in flight, across every pool; granted in the order asked, so a
+    /// pool with many Pods waits its turn behind the others instead of starving them.
+    pub(super) pod_requests: tokio::sync::Semaphore,
 }
+
+/// The most requests to worker Pods in flight at once across the operator: each may hold a
+/// capped answer (256 KiB), so this bounds their memory too (16 MiB).
+pub(super) const POD_REQUESTS_IN_FLIGHT: usize = 64;
 
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Self {
@@ -118,6 +125,7 @@ impl Context {
             pools: Mutex::default(),
             prometheus,
             caches: OnceLock::new(),
+            pod_requests: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
         }
     }
 

@@ -9,14 +9,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::context::Context;
 use super::idle_first::{self, BUSY_METRIC, gauge_values, metrics_address};
+use super::pods::PoolPods;
 use crate::api::LanePool;
 use crate::duration::human_seconds;
 use crate::prometheus::Connection;
@@ -40,8 +40,6 @@ const SHORTEST_DRAIN: Duration = Duration::from_secs(2);
 /// How much longer than its drain's timeout a worker holds off new jobs: the time from the
 /// shrink to its SIGTERM (the Deployment, ReplicaSet and kubelet steps), with room to spare.
 const LAPSE_MARGIN: Duration = Duration::from_secs(15);
-/// Most drain requests in flight at once for one Deployment.
-const DRAINS_IN_FLIGHT: usize = 32;
 
 /// One Deployment's drain, remembered between reconciles. Times are since the process started.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -181,49 +179,26 @@ pub(super) fn pod_ready(pod: &Pod) -> bool {
 }
 
 /// Asks each of `pods` to drain for its seconds (`0`: stop draining); their answers by name
-/// (`Refused` too for a Pod with no metrics port or no answer in time).
-async fn ask(pods: Vec<(&Pod, u64)>) -> BTreeMap<String, Answer> {
+/// (`Refused` too for a Pod with no metrics port, no answer in time, or a redirect).
+async fn ask(workers: &PoolPods<'_>, pods: Vec<(&Pod, u64)>) -> BTreeMap<String, Answer> {
     // Owned names and addresses: the requests outlive no borrow of the listed Pods.
-    let (reachable, unreachable): (Vec<_>, Vec<_>) = pods
-        .into_iter()
-        .map(|(pod, seconds)| (pod.name_any(), metrics_address(pod), seconds))
-        .partition(|(_, address, _)| address.is_some());
-    let mut answers: BTreeMap<String, Answer> = unreachable
-        .into_iter()
-        .map(|(name, _, _)| (name, Answer::Refused))
-        .collect();
-    let Some(http) = idle_first::workers_http() else {
-        answers.extend(
-            reachable
-                .into_iter()
-                .map(|(name, _, _)| (name, Answer::Refused)),
-        );
-        return answers;
-    };
-    let asked: Vec<(String, Answer)> = futures::stream::iter(reachable)
-        .map(|(name, address, seconds)| async move {
-            let address = address.unwrap_or_default();
-            let answer = async {
-                let response = http
-                    .post(format!("http://{address}/drain?seconds={seconds}"))
-                    .send()
-                    .await?;
-                let status = response.status().as_u16();
-                Ok::<_, reqwest::Error>((status, response.text().await?))
+    let mut answers = BTreeMap::new();
+    let mut reachable = Vec::new();
+    for (pod, seconds) in pods {
+        match metrics_address(pod) {
+            Some(address) => reachable.push((pod.name_any(), address, seconds)),
+            None => {
+                answers.insert(pod.name_any(), Answer::Refused);
             }
-            .await;
-            match answer {
-                Ok((status, text)) => (name, read_answer(status, &text)),
-                Err(error) => {
-                    debug!(pod = %name, %address, %error, "worker not asked to drain");
-                    (name, Answer::Refused)
-                }
-            }
-        })
-        .buffer_unordered(DRAINS_IN_FLIGHT)
-        .collect()
-        .await;
-    answers.extend(asked);
+        }
+    }
+    for (name, answer) in workers.post_drains(reachable).await {
+        let answer = match answer {
+            Ok((status, text)) => read_answer(status, &text),
+            Err(_) => Answer::Refused,
+        };
+        answers.insert(name, answer);
+    }
     answers
 }
 
@@ -244,12 +219,12 @@ pub(super) struct Shrink {
 pub(super) async fn drain_before_shrinks(
     pool: &LanePool,
     ctx: &Context,
+    workers: &PoolPods<'_>,
     connection: Option<&Connection>,
     drains: &mut BTreeMap<String, Drain>,
     shrinks: &[Shrink],
     now: Duration,
 ) -> BTreeSet<String> {
-    let namespace = pool.namespace().unwrap_or_default();
     let called_off: Vec<String> = drains
         .keys()
         .filter(|d| !shrinks.iter().any(|s| s.deployment == **d))
@@ -260,14 +235,13 @@ pub(super) async fn drain_before_shrinks(
             continue;
         };
         // Best effort: a worker not reached now takes jobs again when its drain lapses.
-        if let Ok(live) = idle_first::live_pods(ctx, &namespace, &deployment, &drain.selector).await
-        {
+        if let Ok(live) = workers.workers_of(&deployment, &drain.selector).await {
             let back: Vec<(&Pod, u64)> = live
                 .iter()
                 .filter(|p| drain.pods.contains_key(&p.name_any()))
                 .map(|p| (p, 0))
                 .collect();
-            ask(back).await;
+            ask(workers, back).await;
         }
         info!(
             deployment,
@@ -278,7 +252,7 @@ pub(super) async fn drain_before_shrinks(
     let mut held = BTreeSet::new();
     for shrink in shrinks {
         let drain = drains.entry(shrink.deployment.clone()).or_default();
-        if advance(pool, ctx, connection, drain, shrink, now).await {
+        if advance(pool, ctx, workers, connection, drain, shrink, now).await {
             held.insert(shrink.deployment.clone());
         }
     }
@@ -291,14 +265,15 @@ pub(super) async fn drain_before_shrinks(
 async fn advance(
     pool: &LanePool,
     ctx: &Context,
+    workers: &PoolPods<'_>,
     connection: Option<&Connection>,
     drain: &mut Drain,
     shrink: &Shrink,
     now: Duration,
 ) -> bool {
-    let namespace = pool.namespace().unwrap_or_default();
     let deployment = shrink.deployment.as_str();
-    let live = match idle_first::live_pods(ctx, &namespace, deployment, &shrink.selector).await {
+    // Only the Deployment's own workers: a Pod that merely carries its labels takes no slot.
+    let live = match workers.workers_of(deployment, &shrink.selector).await {
         Ok(live) => live,
         Err(error) => {
             warn!(deployment, %error, "drained workers not asked");
@@ -314,7 +289,7 @@ async fn advance(
     if starting {
         let live_refs: Vec<&Pod> = live.iter().collect();
         let Some(reading) =
-            idle_first::read_work(pool, ctx, connection, deployment, &live_refs).await
+            idle_first::read_work(pool, ctx, workers, connection, deployment, &live_refs).await
         else {
             warn!(
                 deployment,
@@ -367,7 +342,7 @@ async fn advance(
             }
         })
         .collect();
-    let answers = ask(requests).await;
+    let answers = ask(workers, requests).await;
     for (name, answer) in answers {
         match (answer, drain.pods.get_mut(&name)) {
             (Answer::Draining { busy }, Some(drained)) => drained.idle = !busy,

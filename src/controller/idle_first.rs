@@ -10,16 +10,16 @@
 //! least of all.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use tracing::{debug, info, warn};
+use kube::api::{Api, Patch, PatchParams};
+use tracing::{info, warn};
 
 use super::context::Context;
+use super::pods::PoolPods;
 use crate::api::LanePool;
 use crate::prometheus::Connection;
 
@@ -41,12 +41,11 @@ pub const IDLE_COST: i32 = 0;
 pub const DRAINED_COST: i32 = -1;
 /// The container port a worker serves its gauges on, as Prometheus scrapes them.
 pub const METRICS_PORT: &str = "metrics";
+/// The most busy and job-start series kept of one worker's answer.
+const MOST_SERIES: usize = 64;
 
 /// Most Pod patches in flight at once for one Deployment.
 const PATCHES_IN_FLIGHT: usize = 8;
-/// Most Pods asked at once, and how long one may take to answer before Prometheus is asked.
-const ASKS_IN_FLIGHT: usize = 32;
-const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What a worker reports: idle, or busy with a job of a lane (`None`: it names none) that
 /// started at `started` (Unix seconds; `None`: not reported).
@@ -220,6 +219,8 @@ pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
 
 /// The busy and job-start series of a worker's `/metrics` text (the Prometheus text format),
 /// each labelled `pod` as Prometheus would label them.
+/// An answer with more than [`MOST_SERIES`] of them says nothing (a worker runs one job at a
+/// time: a few series are all it has).
 pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Sample>, Vec<Sample>) {
     let (mut busy, mut started) = (Vec::new(), Vec::new());
     for (name, mut labels, value) in sample_lines(text) {
@@ -227,7 +228,10 @@ pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Sample>, Vec<Sample>) {
         match name {
             BUSY_METRIC => busy.push((labels, value)),
             STARTED_METRIC => started.push((labels, value)),
-            _ => {}
+            _ => continue,
+        }
+        if busy.len() + started.len() > MOST_SERIES {
+            return Default::default();
         }
     }
     (busy, started)
@@ -276,57 +280,9 @@ fn parse_sample_line(line: &str) -> Option<(&str, BTreeMap<String, String>, &str
     Some((name, labels, rest))
 }
 
-/// The client the Pods are asked with: plain HTTP, never through a proxy, short timeouts.
-pub(super) fn workers_http() -> Option<&'static reqwest::Client> {
-    static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            reqwest::Client::builder()
-                .no_proxy()
-                .connect_timeout(ASK_TIMEOUT)
-                .timeout(ASK_TIMEOUT)
-                .build()
-                .map_err(|error| warn!(%error, "no HTTP client to ask workers: Prometheus only"))
-                .ok()
-        })
-        .as_ref()
-}
-
-/// Each of `pods` that has a metrics port asked for its `/metrics` text, at most
-/// [`ASKS_IN_FLIGHT`] at once: (pod name, text) of those that answered in time.
-pub(super) async fn metrics_texts(pods: &[&Pod]) -> Vec<(String, String)> {
-    let Some(http) = workers_http() else {
-        return Vec::new();
-    };
-    let targets: Vec<(String, String)> = pods
-        .iter()
-        .filter_map(|pod| Some((pod.name_any(), metrics_address(pod)?)))
-        .collect();
-    futures::stream::iter(targets)
-        .map(|(name, address)| async move {
-            let answer = async {
-                let response = http
-                    .get(format!("http://{address}/metrics"))
-                    .send()
-                    .await?
-                    .error_for_status()?;
-                response.text().await
-            }
-            .await;
-            answer
-                .map_err(|error| debug!(pod = %name, %address, %error, "worker did not answer"))
-                .ok()
-                .map(|text| (name, text))
-        })
-        .buffer_unordered(ASKS_IN_FLIGHT)
-        .filter_map(std::future::ready)
-        .collect()
-        .await
-}
-
 /// Asks each Pod that has a metrics port for its gauges; the answers, labelled by pod name.
-async fn ask_workers(pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
-    metrics_texts(pods).await.into_iter().fold(
+async fn ask_workers(workers: &PoolPods<'_>, pods: &[&Pod]) -> (Vec<Sample>, Vec<Sample>) {
+    workers.metrics_texts(pods).await.into_iter().fold(
         Default::default(),
         |(mut busy, mut started), (name, text)| {
             let (b, s) = parse_gauges(&text, &name);
@@ -364,35 +320,6 @@ async fn ask_prometheus(
     Some((busy, started.unwrap_or_default()))
 }
 
-/// The live (not terminating) Pods selected by `selector` (one Deployment's).
-pub(super) async fn live_pods(
-    ctx: &Context,
-    namespace: &str,
-    deployment: &str,
-    selector: &str,
-) -> crate::Result<Vec<Pod>> {
-    let params = ListParams::default().labels(selector);
-    live_pods_listed(ctx, namespace, &format!("Deployment {deployment}"), &params).await
-}
-
-/// The live (not terminating) Pods `params` lists; `whose` names them in an error.
-pub(super) async fn live_pods_listed(
-    ctx: &Context,
-    namespace: &str,
-    whose: &str,
-    params: &ListParams,
-) -> crate::Result<Vec<Pod>> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let listed = ctx
-        .read(format!("listing the Pods of {whose}"), pods.list(params))
-        .await?;
-    Ok(listed
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect())
-}
-
 /// What a Deployment's workers are doing, read just now.
 pub(super) struct Reading {
     pub(super) work: HashMap<String, Work>,
@@ -416,13 +343,14 @@ impl Reading {
 pub(super) async fn read_work(
     pool: &LanePool,
     ctx: &Context,
+    workers: &PoolPods<'_>,
     connection: Option<&Connection>,
     deployment: &str,
     live: &[&Pod],
 ) -> Option<Reading> {
     let namespace = pool.namespace().unwrap_or_default();
     // Each worker asked now, and Prometheus (a scrape old) only for those that did not answer.
-    let (busy, job_started) = ask_workers(live).await;
+    let (busy, job_started) = ask_workers(workers, live).await;
     let mut work = busy_pods(&busy, &job_started);
     let answered = work.len();
     if live.iter().any(|p| !work.contains_key(&p.name_any())) {
@@ -451,12 +379,13 @@ pub(super) async fn read_work(
     })
 }
 
-/// Ranks the Pods selected by `selector` (one Deployment's) for deletion, the `drained` ones
-/// first of all. Logs and gives up on any failure: the shrink goes ahead either way, as it would
+/// Ranks the workers of `deployment` (the Pods of `selector` it controls) for deletion, the
+/// `drained` ones first of all: no other Pod is asked or annotated. Logs and gives up on any failure: the shrink goes ahead either way, as it would
 /// without this step.
 pub(super) async fn rank_before_shrink(
     pool: &LanePool,
     ctx: &Context,
+    workers: &PoolPods<'_>,
     connection: Option<&Connection>,
     deployment: &str,
     selector: &str,
@@ -465,7 +394,7 @@ pub(super) async fn rank_before_shrink(
     let started = std::time::Instant::now();
     let namespace = pool.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let listed = match live_pods(ctx, &namespace, deployment, selector).await {
+    let listed = match workers.workers_of(deployment, selector).await {
         Ok(listed) => listed,
         Err(error) => {
             warn!(deployment, %error, "Pods not ranked before the shrink");
@@ -476,7 +405,7 @@ pub(super) async fn rank_before_shrink(
     if live.is_empty() {
         return;
     }
-    let Some(reading) = read_work(pool, ctx, connection, deployment, &live).await else {
+    let Some(reading) = read_work(pool, ctx, workers, connection, deployment, &live).await else {
         warn!(
             deployment,
             "Pods not ranked before the shrink: no worker answered"
@@ -698,6 +627,12 @@ mod tests {
         assert!(started.is_empty());
         let work = busy_pods(&busy, &started);
         assert_eq!(work.get("idle"), Some(&Work::Idle));
+        let many = "lanepool_worker_busy{lane=\"x\"} 1\n".repeat(MOST_SERIES + 1);
+        assert_eq!(
+            parse_gauges(&many, "p"),
+            Default::default(),
+            "too many series"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod events;
 mod grace;
 mod idle_first;
 mod measure;
+mod pods;
 mod reads;
 mod report;
 mod status;
@@ -261,14 +262,19 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
     let start = memory.start(pool.metadata.generation, interval, now, || {
         step::recorded_replicas(pool, &old_status, &existing)
     });
+    // The pool's own workers: only Pods its Deployments' ReplicaSets control are asked anything.
+    // All Pod I/O of this reconcile (reads, drains, ranking) ends within one budget.
+    let workers = pods::PoolPods::new(ctx, pool, existing.values(), pods::budget(interval));
     let decision = if start.due {
         // The workers are read while Prometheus is asked: neither waits for the other.
-        let (measured, ()) = futures::join!(
+        let (measured, answers) = futures::join!(
             measure::measure_pool(pool, ctx, interval),
-            memory.worker_reads.read(pool, ctx),
+            memory.worker_reads.ask(pool, ctx, &workers),
         );
         let (mut loads, connection) = measured?;
         memory.connection = connection;
+        // Only this evaluation's read is applied: without one, Prometheus decides.
+        memory.worker_reads.record_measured(ctx, answers, &loads);
         memory
             .worker_reads
             .apply_to(&mut loads, reads::rate_window(ctx));
@@ -351,6 +357,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         let held = drain::drain_before_shrinks(
             pool,
             ctx,
+            &workers,
             memory.connection.as_ref(),
             &mut drains,
             &shrinks,
@@ -378,6 +385,7 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         idle_first::rank_before_shrink(
             pool,
             ctx,
+            &workers,
             memory.connection.as_ref(),
             deployment,
             selector,

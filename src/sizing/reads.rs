@@ -5,7 +5,7 @@
 //! in seconds. Pure: the controller and the simulator keep one [`LaneReads`] per reserve lane.
 //! A read that could not count every worker is never recorded as a lower rate.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use super::{LaneLoad, RecentRate};
@@ -95,31 +95,81 @@ pub struct WorkerCount {
 /// Each worker's counts at the last read.
 pub type Baselines = BTreeMap<String, BTreeMap<String, f64>>;
 
+/// The shortest job a worker is believed to finish: whatever its lane, no worker finishes more
+/// than a thousand jobs a second.
+pub const SHORTEST_JOB_SECONDS: f64 = 0.001;
+/// How much shorter than its lane's mean job time a worker's jobs may be, on average over a read.
+pub const JOB_TIME_SLACK: f64 = 10.0;
+
+/// The jobs of `lane` a worker finished since its baseline (see [`finished_since`]).
+fn new_jobs(
+    before: Option<&BTreeMap<String, f64>>,
+    started_since: bool,
+    lane: &str,
+    count: f64,
+) -> f64 {
+    match before.and_then(|b| b.get(lane)) {
+        Some(previous) if count >= *previous => count - previous,
+        Some(_) => count,
+        None if before.is_some() || started_since => count,
+        None => 0.0,
+    }
+}
+
+impl WorkerCount {
+    /// The most jobs of a lane one worker can have finished in `span`: a worker runs one job at a
+    /// time, none shorter than a [`JOB_TIME_SLACK`]th of the lane's mean job time (when measured)
+    /// nor than [`SHORTEST_JOB_SECONDS`]; one more for a job that ended as the span began.
+    pub fn most_finished(span: Duration, mean_job_seconds: Option<f64>) -> f64 {
+        let shortest = mean_job_seconds
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(SHORTEST_JOB_SECONDS, |s| {
+                (s / JOB_TIME_SLACK).max(SHORTEST_JOB_SECONDS)
+            });
+        span.as_secs_f64() / shortest + 1.0
+    }
+
+    /// A claim this worker could not have made honestly: the first lane whose jobs finished since
+    /// `baselines` are more than it could have run in `span` (see [`Self::most_finished`]), with
+    /// the claim and that most. Such an answer is dropped: it counts for nothing, and a read that
+    /// needed it is not a rate.
+    pub fn implausible(
+        &self,
+        baselines: &Baselines,
+        span: Duration,
+        job_seconds: &BTreeMap<String, f64>,
+    ) -> Option<(String, f64, f64)> {
+        let before = baselines.get(&self.worker);
+        self.finished.iter().find_map(|(lane, count)| {
+            let claimed = new_jobs(before, self.started_since, lane, *count);
+            let most = Self::most_finished(span, job_seconds.get(lane).copied());
+            (claimed > most).then(|| (lane.clone(), claimed, most))
+        })
+    }
+}
+
 /// What the workers finished per lane since `baselines`, summed over `answers`; `None` when the
-/// sum would miss some of it: a worker `expected` to answer did not, or one answered that has no
-/// baseline and was running before. A count that went down is a restarted counter: its whole
+/// sum would miss some of it: a worker `expected` to answer (by name: another's answer never
+/// stands in for it) did not, or one answered that has no baseline and was running before. A count that went down is a restarted counter: its whole
 /// value is new (as Prometheus's `rate()` reads a reset). A worker gone since the last read takes
 /// what it finished after it with it; the sum is then a little low, never high.
 pub fn finished_since(
     baselines: &Baselines,
     answers: &[WorkerCount],
-    expected: usize,
+    expected: &BTreeSet<String>,
 ) -> Option<BTreeMap<String, f64>> {
     let mut finished: BTreeMap<String, f64> = BTreeMap::new();
-    let mut complete = answers.len() >= expected;
+    let mut complete = expected
+        .iter()
+        .all(|name| answers.iter().any(|a| a.worker == *name));
     for answer in answers {
         let before = baselines.get(&answer.worker);
         if before.is_none() && !answer.started_since {
             complete = false;
         }
         for (lane, count) in &answer.finished {
-            let new = match before.and_then(|b| b.get(lane)) {
-                Some(previous) if count >= previous => count - previous,
-                Some(_) => *count,
-                None if before.is_some() || answer.started_since => *count,
-                None => 0.0,
-            };
-            *finished.entry(lane.clone()).or_default() += new;
+            *finished.entry(lane.clone()).or_default() +=
+                new_jobs(before, answer.started_since, lane, *count);
         }
     }
     complete.then_some(finished)
@@ -145,6 +195,10 @@ mod tests {
             started_since,
             finished: BTreeMap::from([("urgent".to_string(), urgent)]),
         }
+    }
+
+    fn names(workers: &[&str]) -> BTreeSet<String> {
+        workers.iter().map(|w| w.to_string()).collect()
     }
 
     #[test]
@@ -204,7 +258,7 @@ mod tests {
     fn counts_are_summed_since_each_workers_baseline() {
         let first = [answer("a", false, 100.0), answer("b", false, 40.0)];
         assert_eq!(
-            finished_since(&Baselines::new(), &first, 2),
+            finished_since(&Baselines::new(), &first, &names(&["a", "b"])),
             None,
             "a first read only sets baselines"
         );
@@ -214,20 +268,81 @@ mod tests {
             answer("b", false, 5.0), // restarted: all 5 are new
             answer("c", true, 7.0),  // started since the last read
         ];
-        let urgent = finished_since(&base, &second, 3).and_then(|f| f.get("urgent").copied());
+        let urgent = finished_since(&base, &second, &names(&["a", "b", "c"]))
+            .and_then(|f| f.get("urgent").copied());
         assert_eq!(urgent, Some(30.0 + 5.0 + 7.0));
+    }
+
+    #[test]
+    fn a_worker_cannot_claim_more_jobs_than_it_could_have_run() {
+        let base = baselines(&[answer("a", false, 100.0)]);
+        let five = 5 * S;
+        let urgent = BTreeMap::from([("urgent".to_string(), 0.020)]);
+        // 20 ms jobs, ten times faster at most: 5 s / 2 ms + 1 = 2,501 in 5 s.
+        assert_eq!(WorkerCount::most_finished(five, Some(0.020)), 2501.0);
+        assert_eq!(
+            answer("a", false, 100.0 + 2501.0).implausible(&base, five, &urgent),
+            None
+        );
+        assert_eq!(
+            answer("a", false, 100.0 + 1e6).implausible(&base, five, &urgent),
+            Some(("urgent".to_string(), 1e6, 2501.0))
+        );
+        // No job time known (Prometheus down): no worker finishes over a thousand a second.
+        assert_eq!(WorkerCount::most_finished(five, None), 5001.0);
+        assert_eq!(WorkerCount::most_finished(five, Some(f64::NAN)), 5001.0);
+        assert_eq!(WorkerCount::most_finished(five, Some(0.000_01)), 5001.0);
+        let unknown = BTreeMap::new();
+        assert!(
+            answer("a", false, 100.0 + 6000.0)
+                .implausible(&base, five, &unknown)
+                .is_some()
+        );
+        // A restarted counter's whole count is new, and bounded the same way; a new worker's too.
+        assert_eq!(
+            answer("a", false, 50.0).implausible(&base, five, &urgent),
+            None
+        );
+        assert!(
+            answer("n", true, 1e6)
+                .implausible(&base, five, &urgent)
+                .is_some()
+        );
+        // A worker never read before and running before sets a baseline only: nothing claimed.
+        assert_eq!(
+            answer("m", false, 1e9).implausible(&base, five, &urgent),
+            None
+        );
     }
 
     #[test]
     fn a_read_missing_a_worker_is_not_a_rate() {
         let base = baselines(&[answer("a", false, 10.0), answer("b", false, 10.0)]);
+        let both = names(&["a", "b"]);
         let only_a = [answer("a", false, 20.0)];
-        assert_eq!(finished_since(&base, &only_a, 2), None, "b did not answer");
+        assert_eq!(
+            finished_since(&base, &only_a, &both),
+            None,
+            "b did not answer"
+        );
         let stranger = [answer("a", false, 20.0), answer("d", false, 500.0)];
         assert_eq!(
-            finished_since(&base, &stranger, 2),
+            finished_since(&base, &stranger, &both),
             None,
             "d was running before and has no baseline"
+        );
+        // Two answers for two ready workers, but one of them is not b's (a worker that is not
+        // ready, started since): b is still missing.
+        let not_b = [answer("a", false, 20.0), answer("e", true, 3.0)];
+        assert_eq!(
+            finished_since(&base, &not_b, &both),
+            None,
+            "b did not answer"
+        );
+        let with_b = [answer("a", false, 20.0), answer("b", false, 15.0)];
+        assert_eq!(
+            finished_since(&base, &with_b, &both).and_then(|f| f.get("urgent").copied()),
+            Some(15.0)
         );
     }
 }

@@ -89,6 +89,11 @@ per-namespace Roles so that both modes grant exactly the same.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# A Pod is a pool's worker only when a ReplicaSet of one of the pool's Deployments controls it:
+# the ReplicaSets' metadata is listed to follow those ownerReferences (watch: for a later cache).
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list", "watch"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "list", "watch"]

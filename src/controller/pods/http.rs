@@ -1,0 +1,246 @@
+//! Requests to worker Pods, which run whatever a tenant deploys: one client that follows no
+//! redirect (a Pod's 302 or 307 would send the operator, from its network position, anywhere),
+//! and answers read as a capped stream (a timeout bounds time, not bytes). Never reads more of
+//! an answer than [`MOST_ANSWER_BYTES`] or [`MOST_ANSWER_LINES`].
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tracing::warn;
+
+/// The most of one answer read: a worker's gauges and counters are a few kB; beyond this the
+/// answer is dropped, never parsed.
+pub(crate) const MOST_ANSWER_BYTES: usize = 256 * 1024;
+/// The most lines of one answer read (many tiny lines cost more to parse than their bytes say).
+pub(crate) const MOST_ANSWER_LINES: usize = 4096;
+/// How long one request to a Pod may take, its answer included.
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Why a Pod's answer was not taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("answered {status} to {location:?}: redirects are not followed")]
+    Redirect { status: u16, location: String },
+    #[error("answered {0}")]
+    Status(u16),
+    #[error("an answer longer than {MOST_ANSWER_BYTES} bytes")]
+    TooLong,
+    #[error("an answer of more than {MOST_ANSWER_LINES} lines")]
+    TooManyLines,
+    #[error("an answer that is not UTF-8 text")]
+    NotText,
+    #[error("no time left in the reconcile's budget for Pods")]
+    OutOfTime,
+    #[error("no HTTP client for Pods")]
+    NoClient,
+}
+
+impl Refused {
+    /// The `reason` label of `worker_reads_rejected`: only refusals a Pod chose (its size, its
+    /// redirect); `None` for what may be the network's or the operator's doing.
+    pub(crate) fn rejected_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Redirect { .. } => Some("redirect"),
+            Self::TooLong | Self::TooManyLines => Some("too_large"),
+            Self::NotText => Some("not_text"),
+            Self::Http(_) | Self::Status(_) | Self::OutOfTime | Self::NoClient => None,
+        }
+    }
+}
+
+/// The one client every request to a Pod goes through: plain HTTP, never through a proxy, no
+/// redirects, short timeouts.
+fn client() -> Result<&'static reqwest::Client, Refused> {
+    static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(REQUEST_TIMEOUT)
+                .timeout(REQUEST_TIMEOUT)
+                .build()
+                .map_err(|error| warn!(%error, "no HTTP client to ask workers: Prometheus only"))
+                .ok()
+        })
+        .as_ref()
+        .ok_or(Refused::NoClient)
+}
+
+/// `GET http://{address}{path}`: the text of a 200 answer.
+pub(super) async fn get(address: &str, path: &str) -> Result<String, Refused> {
+    let response = client()?
+        .get(format!("http://{address}{path}"))
+        .send()
+        .await?;
+    match status_of(&response)? {
+        200 => capped(response).await,
+        status => Err(Refused::Status(status)),
+    }
+}
+
+/// `POST http://{address}{path}`: the status and text of any answer but a redirect.
+pub(super) async fn post(address: &str, path: &str) -> Result<(u16, String), Refused> {
+    let response = client()?
+        .post(format!("http://{address}{path}"))
+        .send()
+        .await?;
+    let status = status_of(&response)?;
+    Ok((status, capped(response).await?))
+}
+
+/// The answer's status; a redirect refused (it is never followed, nor its body read).
+fn status_of(response: &reqwest::Response) -> Result<u16, Refused> {
+    let status = response.status();
+    if status.is_redirection() {
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .unwrap_or_default();
+        return Err(Refused::Redirect {
+            status: status.as_u16(),
+            location: super::super::context::truncate_bytes(location, 200).to_string(),
+        });
+    }
+    Ok(status.as_u16())
+}
+
+/// The body read chunk by chunk, given up (the connection dropped) past either cap.
+async fn capped(mut response: reqwest::Response) -> Result<String, Refused> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > MOST_ANSWER_BYTES as u64)
+    {
+        return Err(Refused::TooLong);
+    }
+    let mut body = Vec::new();
+    let mut lines = 0;
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MOST_ANSWER_BYTES {
+            return Err(Refused::TooLong);
+        }
+        lines += chunk.iter().filter(|b| **b == b'\n').count();
+        if lines > MOST_ANSWER_LINES {
+            return Err(Refused::TooManyLines);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| Refused::NotText)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on 127.0.0.1 answering each connection with `head` then `body` repeated
+    /// `repeat` times (forever for `None`); how many connections it took.
+    async fn server(
+        head: String,
+        body: &'static str,
+        repeat: Option<usize>,
+    ) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let head = head.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 2048];
+                    let _ = stream.read(&mut request).await;
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let mut sent = 0;
+                    while repeat.is_none_or(|n| sent < n) {
+                        if stream.write_all(body.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        sent += 1;
+                    }
+                });
+            }
+        });
+        (address, connections)
+    }
+
+    #[tokio::test]
+    async fn an_endless_answer_is_given_up_at_the_cap() {
+        let head = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string();
+        let (address, _) = server(head, "lanepool_worker_busy{lane=\"urgent\"} 1\n", None).await;
+        let started = std::time::Instant::now();
+        let answer = get(&address, "/metrics").await;
+        assert!(
+            matches!(answer, Err(Refused::TooLong | Refused::TooManyLines)),
+            "{answer:?}"
+        );
+        assert!(
+            started.elapsed() < REQUEST_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        let one_long_line: &'static str = Box::leak("x".repeat(4096).into_boxed_str());
+        let head = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string();
+        let (address, _) = server(head, one_long_line, None).await;
+        assert!(matches!(get(&address, "/").await, Err(Refused::TooLong)));
+        let (address, _) = server(
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n".into(),
+            "x",
+            Some(1),
+        )
+        .await;
+        assert!(matches!(get(&address, "/").await, Err(Refused::TooLong)));
+        let head = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string();
+        let (address, _) = server(head, "\n", Some(MOST_ANSWER_LINES + 1)).await;
+        assert!(matches!(
+            get(&address, "/").await,
+            Err(Refused::TooManyLines)
+        ));
+        let head = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string();
+        let (address, _) = server(head, "lanepool_worker_busy 0\n", Some(3)).await;
+        assert_eq!(
+            get(&address, "/").await.unwrap(),
+            "lanepool_worker_busy 0\n".repeat(3)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_redirect_on_get_or_post_is_never_followed() {
+        let (target, reached) = server(
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".into(),
+            "",
+            Some(0),
+        )
+        .await;
+        for status in [
+            "302 Found",
+            "307 Temporary Redirect",
+            "308 Permanent Redirect",
+        ] {
+            let head = format!(
+                "HTTP/1.1 {status}\r\nLocation: http://{target}/-/quit\r\nContent-Length: 0\r\n\r\n"
+            );
+            let (address, _) = server(head, "", Some(0)).await;
+            let got = get(&address, "/metrics").await;
+            assert!(matches!(got, Err(Refused::Redirect { .. })), "{got:?}");
+            let posted = post(&address, "/drain?seconds=5").await;
+            assert!(
+                matches!(posted, Err(Refused::Redirect { .. })),
+                "{posted:?}"
+            );
+        }
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "the target was never asked"
+        );
+    }
+}
