@@ -56,7 +56,7 @@ impl World {
     async fn apply_pool(&self, name: &str) {
         let yaml = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/examples/lanepool.yaml"
+            "/tests/fixtures/formula-pool.yaml"
         ))
         .unwrap();
         let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();

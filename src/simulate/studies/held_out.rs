@@ -6,8 +6,10 @@ use super::suite::{Set, Shape, steps};
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::rng::Pcg32;
 
-/// The held-out seeds: not the suite's, and not to be looked at while tuning.
-pub const SEEDS: [u64; 3] = [9_001, 9_002, 9_003];
+/// The held-out seeds: not the suite's, and not to be looked at while tuning. Drawn anew when
+/// the default became `Queueing`, because 9,001–9,003 had been read while `CONFIRMING_SHARE`
+/// and the default interval were chosen; these were first run after the sizing was final.
+pub const SEEDS: [u64; 3] = [73_001, 73_002, 73_003];
 
 /// The lowest and highest rates any family reaches, as the suite's (10/s to 180/s).
 const LOW: f64 = 10.0;

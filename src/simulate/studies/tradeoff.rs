@@ -4,7 +4,6 @@
 
 use crate::duration::trim;
 use crate::simulate::engine::outcome::{Summary, summarize};
-use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::run;
 use crate::simulate::engine::scenario::{Autoscale, Nanos, Scenario};
 use crate::sizing::Rule;
@@ -86,48 +85,68 @@ struct PhaseRun {
     p99_ms: f64,
 }
 
-/// Every static split run on each phase of a profile alone, so that the best split per phase
-/// can be picked in hindsight. An upper bound, not a policy: it switches at each phase boundary
-/// with no delay and no role-change cost.
+/// The best static split for each phase of a profile, picked in hindsight: a reference, not a
+/// policy, and not a proven upper bound. Every split runs the whole profile on the run's own
+/// arrivals (its seed), so a phase starts with that split's queue and in-flight jobs, never
+/// cold; each phase then takes the completions of the split it picks, switching at phase
+/// boundaries with no delay and no role-change cost.
 pub struct Oracle {
     /// (phase length, runs by reserved workers)
     phases: Vec<(Nanos, Vec<PhaseRun>)>,
 }
 
+/// The oracle's time slices: phase boundaries fall on whole seconds.
+const SLICE: Nanos = 1_000_000_000;
+
 impl Oracle {
     pub fn new(base: &Scenario) -> Self {
         let end = base.duration as f64 / 1e9;
-        let phases = base
-            .profile
-            .phases(end)
+        let phases = base.profile.phases(end);
+        let mut by_phase: Vec<(Nanos, Vec<PhaseRun>)> = phases
             .iter()
-            .enumerate()
-            .map(|(i, (from, to, rate))| {
-                let length = ((to - from) * 1e9).round() as Nanos;
-                let runs = (0..base.workers)
-                    .map(|reserved| {
-                        let outcome = run(&Scenario {
-                            reserved,
-                            autoscale: None,
-                            profile: RateProfile::constant(*rate),
-                            duration: length,
-                            window: length,
-                            seed: base.seed.wrapping_add(i as u64),
-                            ..base.clone()
-                        });
-                        PhaseRun {
-                            p99_ms: summarize(&outcome.urgent_latencies, 0, 0, 1)
-                                .p99_ms
-                                .unwrap_or(f64::INFINITY),
-                            latencies: outcome.urgent_latencies,
-                            batch_completed: outcome.batch_completed,
-                        }
-                    })
-                    .collect();
-                (length, runs)
-            })
+            .map(|(from, to, _)| (((to - from) * 1e9).round() as Nanos, Vec::new()))
             .collect();
-        Self { phases }
+        for reserved in 0..base.workers {
+            let outcome = run(&Scenario {
+                reserved,
+                autoscale: None,
+                window: SLICE,
+                ..base.clone()
+            });
+            // Completions slice by slice, in completion order.
+            let mut done = 0usize;
+            let slices: Vec<(&[Nanos], u64)> = outcome
+                .windows
+                .iter()
+                .map(|w| {
+                    let end =
+                        (done + w.urgent_completed as usize).min(outcome.urgent_latencies.len());
+                    let slice = &outcome.urgent_latencies[done..end];
+                    done = end;
+                    (slice, w.batch_completed)
+                })
+                .collect();
+            for ((from, to, _), (_, runs)) in phases.iter().zip(&mut by_phase) {
+                let (first, last) = (
+                    from.round() as usize,
+                    (to.round() as usize).min(slices.len()),
+                );
+                let mut latencies = Vec::new();
+                let mut batch_completed = 0;
+                for (slice, batch) in slices.get(first..last).unwrap_or_default() {
+                    latencies.extend_from_slice(slice);
+                    batch_completed += batch;
+                }
+                runs.push(PhaseRun {
+                    p99_ms: summarize(&latencies, 0, 0, 1)
+                        .p99_ms
+                        .unwrap_or(f64::INFINITY),
+                    latencies,
+                    batch_completed,
+                });
+            }
+        }
+        Self { phases: by_phase }
     }
 
     /// For each phase, the smallest static split whose p99 in that phase meets `target_ms`
