@@ -91,7 +91,7 @@ async fn the_example_is_accepted_and_read_back_intact() {
     assert_eq!(pool.spec, expected);
     assert_eq!(
         pool.spec.lanes[0].reserve.as_ref().unwrap().sizing,
-        SizingMode::Formula
+        SizingMode::Queueing
     );
 }
 
