@@ -12,6 +12,9 @@
 # jobs cut short):
 #   BATCH_MS=2000..4000 BATCH_BACKLOG=0 BATCH_RATE=1.5 GRACE=1 IDLE_FIRST=false ./examples/demo.sh
 #   BATCH_MS=2000..4000 BATCH_BACKLOG=2000 GRACE=1 DRAIN_TIMEOUT=0 ./examples/demo.sh
+# A static split instead of the sized reserve (reserve.min = reserve.max = N), as
+# examples/real_vs_sim.sh compares them:
+#   RESERVE=2 URGENT_PROFILE=0s=30,30s=30 DURATION=150 ./examples/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +26,7 @@ batch_rate=${BATCH_RATE:-40}
 grace=${GRACE:-30}                 # the pod template's terminationGracePeriodSeconds
 idle_first=${IDLE_FIRST:-true}     # the operator's --idle-workers-first
 drain_timeout=${DRAIN_TIMEOUT:-2m} # the operator's --drain-timeout (0: no drain)
+reserve=${RESERVE:-}               # a static split: reserve.min = reserve.max = RESERVE
 dir=target/demo
 port=${QUEUE_PORT:-9464}
 metrics_port=${OPERATOR_METRICS_PORT:-8089}
@@ -68,13 +72,15 @@ echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL"
 
 say "starting the operator (logs: $dir/operator.log)"
 "$bin/lanepool" run --prometheus-url "$PROMETHEUS_URL" --metrics-addr "127.0.0.1:$metrics_port" \
-  --rate-window 10s --job-time-window 10s --scrape-interval 1s \
+  --scrape-interval 1s \
   --idle-workers-first "$idle_first" --drain-timeout "$drain_timeout" >"$dir/operator.log" 2>&1 &
 operator_pid=$!
 
-say "kubectl apply -f examples/demo/lanepool.yaml (terminationGracePeriodSeconds: $grace)"
+say "kubectl apply -f examples/demo/lanepool.yaml (terminationGracePeriodSeconds: $grace${reserve:+, reserve $reserve fixed})"
 "$kubectl" create namespace demo >/dev/null
-sed "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: $grace/" \
+static_split="s/^        max: 6$/        max: 6/"
+[ -z "$reserve" ] || static_split="s/^        max: 6$/        min: $reserve\n        max: $reserve/"
+sed -e "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: $grace/" -e "$static_split" \
   examples/demo/lanepool.yaml | "$kubectl" apply -f -
 for _ in $(seq 120); do
   "$kubectl" -n demo get deployment jobs-shared >/dev/null 2>&1 && break

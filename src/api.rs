@@ -444,7 +444,7 @@ pub struct LanePoolStatus {
     pub conditions: Vec<Condition>,
 
     /// The last sizing decision in words, such as
-    /// "urgent 31.2/s × 20.4 ms × 1.5 = 0.95 → 1 reserved".
+    /// "urgent 31.2/s × 20.4 ms, wait p99 ≤ job time → 2 → 2 reserved; 8 shared".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision: Option<String>,
 }
