@@ -407,13 +407,23 @@ fn with_recent(
     recent: f64,
     job: f64,
 ) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
+    counted_over(rate, recent, 15, job)
+}
+
+/// A long rate and a recent one counted over `window_secs`.
+fn counted_over(
+    rate: f64,
+    recent: f64,
+    window_secs: u64,
+    job: f64,
+) -> BTreeMap<String, std::result::Result<LaneLoad, String>> {
     BTreeMap::from([(
         "urgent".to_string(),
         Ok(LaneLoad {
             arrival_rate: rate,
             recent_arrival_rate: Some(RecentRate {
                 per_second: recent,
-                window: Duration::from_secs(15),
+                window: Duration::from_secs(window_secs),
             }),
             job_seconds: Some(job),
         }),
@@ -634,19 +644,7 @@ fn a_rate_counted_over_few_arrivals_gets_a_wider_tolerance() {
     let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
     sizing.headroom = 1.0;
     sizing.lanes[0].max = 20;
-    let rate = |long: f64, window_secs: u64| {
-        BTreeMap::from([(
-            "urgent".to_string(),
-            Ok(LaneLoad {
-                arrival_rate: long,
-                recent_arrival_rate: Some(RecentRate {
-                    per_second: 5.9,
-                    window: Duration::from_secs(window_secs),
-                }),
-                job_seconds: Some(1.0),
-            }),
-        )])
-    };
+    let rate = |long: f64, window_secs: u64| counted_over(long, 5.9, window_secs, 1.0);
     // 5.9/s over 15 s is 88 arrivals where the long rate of 4/s expects 60: the load moved. It
     // is ±21 % at two standard deviations, and 5.9/s moved back by that (4.9/s) asks for the 5
     // running.
@@ -681,19 +679,7 @@ fn a_recent_rate_within_its_noise_of_the_long_one_leaves_the_long_one_to_decide(
     let mut sizing = pool(PoolSize::Shared { replicas: 8 }, 0);
     sizing.headroom = 1.0;
     sizing.lanes[0].max = 20;
-    let load = |long: f64, recent: f64| {
-        BTreeMap::from([(
-            "urgent".to_string(),
-            Ok(LaneLoad {
-                arrival_rate: long,
-                recent_arrival_rate: Some(RecentRate {
-                    per_second: recent,
-                    window: Duration::from_secs(5),
-                }),
-                job_seconds: Some(0.5),
-            }),
-        )])
-    };
+    let load = |long: f64, recent: f64| counted_over(long, recent, 5, 0.5);
     // 6/s over a 5 s read expects 30 arrivals, ±11 at two standard deviations: a read of 4/s
     // (20) is noise, and the reserve the long rate asks for stays.
     let steady = at(
