@@ -1602,7 +1602,10 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
     world
         .apply_pool(|spec| {
             let lanes = spec["lanes"].as_array_mut().unwrap();
-            lanes.insert(1, json!({"name": "critical", "reserve": {"max": 3}}));
+            lanes.insert(
+                1,
+                json!({"name": "critical", "reserve": {"max": 3, "sizing": "Formula"}}),
+            );
             spec["totalWorkers"] = json!(12);
         })
         .await;

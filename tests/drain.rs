@@ -215,7 +215,7 @@ impl World {
 
 fn lanes(reserve_min: i32) -> serde_json::Value {
     json!([
-        {"name": "urgent", "reserve": {"min": reserve_min, "max": 4, "jobTime": {"fallback": "20ms"}}},
+        {"name": "urgent", "reserve": {"min": reserve_min, "max": 4, "sizing": "Formula", "jobTime": {"fallback": "20ms"}}},
         {"name": "batch"},
     ])
 }
