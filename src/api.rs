@@ -315,8 +315,14 @@ pub struct PrometheusSource {
     pub client_certificate_secret: Option<ClientCertificateSecret>,
 
     /// Extra HTTP headers, such as X-Scope-OrgID for a multi-tenant Prometheus; at most 16.
+    /// Headers that would redirect the request, carry a credential in the spec or change how
+    /// the message is framed (Host, Authorization, Proxy-Authorization, Cookie and the
+    /// hop-by-hop ones) are refused: credentials belong in bearerTokenSecret or basicAuth.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 16))]
+    #[x_kube(validation = Rule::new(
+        "self.all(h, !(h.lowerAscii() in ['host', 'authorization', 'proxy-authorization', 'cookie', 'connection', 'keep-alive', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length', 'expect']))"
+    ).message("prometheus.headers may not set Host, Authorization, Proxy-Authorization, Cookie or a hop-by-hop header (Connection, Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade, Content-Length, Expect): use bearerTokenSecret or basicAuth for credentials"))]
     pub headers: BTreeMap<String, String>,
 }
 
@@ -478,6 +484,24 @@ pub struct LaneStatus {
     /// The reserve in effect.
     pub reserve: i32,
 }
+
+/// Headers `spec.prometheus.headers` may not set (lower case), as its CEL rule says: they
+/// would redirect the request (Host), carry a credential in the spec (Authorization, Cookie) or
+/// change the message's framing (the hop-by-hop ones).
+pub const REFUSED_HEADERS: [&str; 12] = [
+    "host",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+];
 
 /// `spec.headroom` when not set.
 pub const DEFAULT_HEADROOM: f64 = 1.0;

@@ -290,6 +290,19 @@ async fn bad_manifests_are_refused_with_the_field_named() {
             &["spec.totalWorkers", "at least the sum"],
         ),
         (
+            "host-header",
+            Box::new(|s| s["prometheus"]["headers"] = json!({"Host": "metadata.internal"})),
+            &["spec.prometheus.headers", "Host, Authorization"],
+        ),
+        (
+            "authorization-header",
+            Box::new(|s| {
+                s["prometheus"]["headers"] =
+                    json!({"X-Scope-OrgID": "a", "AUTHORIZATION": "Bearer x"})
+            }),
+            &["spec.prometheus.headers", "bearerTokenSecret or basicAuth"],
+        ),
+        (
             "unknown-sizing-mode",
             Box::new(|s| s["lanes"][0]["reserve"]["sizing"] = json!("Guess")),
             &["spec.lanes[0].reserve.sizing", "Unsupported value"],

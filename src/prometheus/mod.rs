@@ -375,6 +375,14 @@ fn http_client(connection: &Connection) -> Result<reqwest::Client> {
     let invalid = |field: &str, reason: String| Error::invalid(field, reason);
     let mut headers = reqwest::header::HeaderMap::new();
     for (name, value) in &connection.headers {
+        if crate::api::REFUSED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(invalid(
+                "spec.prometheus.headers",
+                format!(
+                    "{name} may not be set: use bearerTokenSecret or basicAuth for credentials"
+                ),
+            ));
+        }
         let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
             .map_err(|e| invalid("spec.prometheus.headers", format!("{name}: {e}")))?;
         let value = reqwest::header::HeaderValue::from_str(value)
@@ -650,6 +658,30 @@ mod tests {
             .expect_err("a bad header is refused")
             .to_string();
         assert!(error.contains("spec.prometheus.headers"), "{error}");
+    }
+
+    #[test]
+    fn headers_that_redirect_or_carry_credentials_are_refused_as_the_crd_refuses_them() {
+        let crd = crate::crd::lanepool_crd_yaml().unwrap_or_default();
+        for name in crate::api::REFUSED_HEADERS {
+            assert!(
+                crd.contains(&format!("'{name}'")),
+                "the CRD's rule misses {name}"
+            );
+            let shouted = name.to_ascii_uppercase();
+            let connection = Connection {
+                url: "http://127.0.0.1:9".into(),
+                timeout: Duration::from_secs(1),
+                bearer_token: None,
+                basic_auth: None,
+                ca_pem: None,
+                client_certificate: None,
+                headers: BTreeMap::from([(shouted.clone(), "x".into())]),
+            };
+            let error = http_client(&connection).expect_err(name).to_string();
+            assert!(error.contains("spec.prometheus.headers"), "{error}");
+            assert!(error.contains(&shouted), "{error}");
+        }
     }
 
     fn guarded(url: &str) -> Connection {
