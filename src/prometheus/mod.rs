@@ -643,17 +643,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_bad_header_names_the_field() {
-        let connection = Connection {
+    /// A plain connection that sends one extra header.
+    fn with_header(name: &str) -> Connection {
+        Connection {
             url: "http://127.0.0.1:9".into(),
             timeout: Duration::from_secs(1),
             bearer_token: None,
             basic_auth: None,
             ca_pem: None,
             client_certificate: None,
-            headers: BTreeMap::from([("bad header".into(), "x".into())]),
-        };
+            headers: BTreeMap::from([(name.into(), "x".into())]),
+        }
+    }
+
+    #[test]
+    fn a_bad_header_names_the_field() {
+        let connection = with_header("bad header");
         let error = http_client(&connection)
             .expect_err("a bad header is refused")
             .to_string();
@@ -669,16 +674,9 @@ mod tests {
                 "the CRD's rule misses {name}"
             );
             let shouted = name.to_ascii_uppercase();
-            let connection = Connection {
-                url: "http://127.0.0.1:9".into(),
-                timeout: Duration::from_secs(1),
-                bearer_token: None,
-                basic_auth: None,
-                ca_pem: None,
-                client_certificate: None,
-                headers: BTreeMap::from([(shouted.clone(), "x".into())]),
-            };
-            let error = http_client(&connection).expect_err(name).to_string();
+            let error = http_client(&with_header(&shouted))
+                .expect_err(name)
+                .to_string();
             assert!(error.contains("spec.prometheus.headers"), "{error}");
             assert!(error.contains(&shouted), "{error}");
         }
