@@ -12,10 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use tracing::{info, warn};
 
 use super::context::Context;
@@ -45,7 +43,7 @@ pub const METRICS_PORT: &str = "metrics";
 const MOST_SERIES: usize = 64;
 
 /// Most Pod patches in flight at once for one Deployment.
-const PATCHES_IN_FLIGHT: usize = 8;
+pub(super) const PATCHES_IN_FLIGHT: usize = 8;
 
 /// What a worker reports: idle, or busy with a job of a lane (`None`: it names none) that
 /// started at `started` (Unix seconds; `None`: not reported).
@@ -392,8 +390,6 @@ pub(super) async fn rank_before_shrink(
     drained: &BTreeSet<String>,
 ) {
     let started = std::time::Instant::now();
-    let namespace = pool.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let listed = match workers.workers_of(deployment, selector).await {
         Ok(listed) => listed,
         Err(error) => {
@@ -434,30 +430,7 @@ pub(super) async fn rank_before_shrink(
             expected_left(work.get(name), job_seconds, *now).is_some_and(|left| left <= grace)
         })
         .count();
-    let params = PatchParams::default();
-    let patched = futures::stream::iter(changes)
-        .map(|(name, cost)| {
-            let pods = pods.clone();
-            let params = params.clone();
-            async move {
-                // A merge patch of one annotation: a Pod is the ReplicaSet's, not ours to apply.
-                let patch = serde_json::json!({
-                    "metadata": {"annotations": {DELETION_COST: cost.to_string()}},
-                });
-                let result = ctx
-                    .write(
-                        format!("annotating Pod {name}"),
-                        pods.patch_metadata(&name, &params, &Patch::Merge(&patch)),
-                    )
-                    .await;
-                if let Err(error) = result {
-                    warn!(pod = %name, %error, "deletion cost not set");
-                }
-            }
-        })
-        .buffer_unordered(PATCHES_IN_FLIGHT)
-        .count()
-        .await;
+    let patched = workers.set_deletion_costs(changes).await;
     info!(
         deployment,
         pods = live.len(),

@@ -12,12 +12,12 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use tokio::sync::OnceCell;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::context::{Context, POD_REQUESTS_IN_FLIGHT};
-use super::idle_first::metrics_address;
+use super::idle_first::{DELETION_COST, PATCHES_IN_FLIGHT, metrics_address};
 use crate::api::{LanePool, POOL_LABEL};
 pub(crate) use http::Refused;
 use owners::{Owners, PoolDeployments, pool_deployments};
@@ -214,6 +214,36 @@ impl PoolPods<'_> {
             })
             .buffer_unordered(REQUESTS_IN_FLIGHT)
             .collect()
+            .await
+    }
+
+    /// Sets each named worker's deletion cost (a merge patch of that one annotation: a Pod is
+    /// its ReplicaSet's, not ours to apply; the chart's admission policy allows no more);
+    /// returns how many were tried. A failure is logged: a shrink goes ahead without it.
+    pub(super) async fn set_deletion_costs(&self, changes: Vec<(String, i32)>) -> usize {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        let params = PatchParams::default();
+        futures::stream::iter(changes)
+            .map(|(name, cost)| {
+                let (pods, params) = (&pods, &params);
+                async move {
+                    let patch = serde_json::json!({
+                        "metadata": {"annotations": {DELETION_COST: cost.to_string()}},
+                    });
+                    let result = self
+                        .ctx
+                        .write(
+                            format!("annotating Pod {name}"),
+                            pods.patch_metadata(&name, params, &Patch::Merge(&patch)),
+                        )
+                        .await;
+                    if let Err(error) = result {
+                        warn!(pod = %name, %error, "deletion cost not set");
+                    }
+                }
+            })
+            .buffer_unordered(PATCHES_IN_FLIGHT)
+            .count()
             .await
     }
 }
