@@ -811,12 +811,7 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     let operator = InProcessOperator::start_with(operator_client.clone(), namespaces, settings);
 
     // The example pool, created by the admin; fast intervals, the test Prometheus.
-    let yaml = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/formula-pool.yaml"
-    ))
-    .unwrap();
-    let mut manifest: Value = serde_yaml::from_str(&yaml).unwrap();
+    let mut manifest = testenv::formula_pool();
     manifest["spec"]["interval"] = json!("5s");
     manifest["spec"]
         .as_object_mut()

@@ -113,12 +113,7 @@ impl World {
 
     /// Creates the example pool as `name`, changed by `change`.
     async fn apply_named(&self, name: &str, change: impl FnOnce(&mut serde_json::Value)) {
-        let yaml = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/formula-pool.yaml"
-        ))
-        .unwrap();
-        let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        let mut manifest = lanepool_testenv::formula_pool();
         manifest["metadata"]["name"] = json!(name);
         let spec = &mut manifest["spec"];
         spec["interval"] = json!("5s");

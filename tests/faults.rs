@@ -26,12 +26,7 @@ async fn the_operator_converges_after_the_api_server_is_killed_and_restarted() {
         InProcessOperator::start(client.clone(), vec![namespace.clone()], prometheus.url());
     let _readiness = DeploymentReadiness::start(client.clone(), &namespace, Duration::ZERO);
 
-    let yaml = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/formula-pool.yaml"
-    ))
-    .unwrap();
-    let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    let mut manifest = lanepool_testenv::formula_pool();
     manifest["spec"]["interval"] = json!("5s");
     manifest["spec"]["scaleDown"] = json!({"stabilizationWindow": "0s"});
     manifest["spec"]

@@ -54,12 +54,7 @@ impl World {
 
     /// The example pool as `name`, sized every 5 s, its workers serving a port named `metrics`.
     async fn apply_pool(&self, name: &str) {
-        let yaml = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/formula-pool.yaml"
-        ))
-        .unwrap();
-        let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        let mut manifest = lanepool_testenv::formula_pool();
         manifest["metadata"]["name"] = json!(name);
         let spec = &mut manifest["spec"];
         spec["interval"] = json!("5s");

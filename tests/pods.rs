@@ -58,12 +58,7 @@ impl World {
 
     /// [`Self::apply_pool`], its spec changed by `change` first.
     async fn apply_pool_with(&self, change: impl FnOnce(&mut serde_json::Value)) {
-        let yaml = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/formula-pool.yaml"
-        ))
-        .unwrap();
-        let mut manifest: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        let mut manifest = lanepool_testenv::formula_pool();
         let spec = &mut manifest["spec"];
         spec["interval"] = json!("5s");
         spec["lanes"][0]["reserve"]["max"] = json!(4);
