@@ -1,6 +1,6 @@
-//! Applying a decision: server-side apply of the pool's Deployments (skipped when nothing would
-//! change), restoring replicas someone else changed, removing Deployments of lanes that lost their
-//! reserve, and spotting an autoscaler that fights the operator over `replicas`.
+//! Writing the pool's Deployments: server-side apply of the counts the rollout gives (skipped when
+//! nothing would change), restoring replicas someone else changed, removing Deployments of lanes
+//! that lost their reserve, and spotting an autoscaler that fights the operator over `replicas`.
 
 use std::collections::BTreeMap;
 
@@ -11,166 +11,49 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::{Context, MANAGER};
-use super::drain::Shrink;
-use super::surge;
-use super::workers::{
-    Role, TEMPLATE_HASH, pool_roles, spec_replicas, template_json, worker_deployments,
-};
+use super::workers::{TEMPLATE_HASH, pool_roles, spec_replicas, template_json, worker_deployments};
 use crate::api::LanePool;
 use crate::sizing::Replicas;
 use crate::{Error, Result};
 
-/// Replica counts by Deployment name; empty without counts.
-fn counts_by_name(pool: &LanePool, replicas: Option<&Replicas>) -> BTreeMap<String, i32> {
-    replicas
-        .map(|r| pool_roles(pool, r))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _, count)| (name, count))
-        .collect()
+/// One reconcile's writes to the pool's Deployments.
+pub(super) struct Deployments<'a> {
+    pool: &'a LanePool,
+    ctx: &'a Context,
+    api: Api<Deployment>,
+    /// As the watch cache has them.
+    live: &'a BTreeMap<String, Deployment>,
+    /// What this process applied last (after a restart, what was recorded).
+    applied: Option<Replicas>,
 }
 
-fn ready_replicas(deployment: &Deployment) -> i32 {
-    deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0)
-}
-
-/// The counts to apply now on the way to `decided`.
-pub(super) struct SurgeStep {
-    pub(super) replicas: Replicas,
-    pub(super) waiting: bool,
-    /// The Deployments `decided` shrinks, whether or not the surge lets them shrink yet.
-    pub(super) shrinks: Vec<Shrink>,
-}
-
-/// Where the Deployments are on the way to `decided`: see [`surge::step`]. A shrink starts from
-/// what this process applied last (`own`), so a count someone else set is restored at once
-/// rather than waited on; after a restart, from the Deployments.
-pub(super) fn surge_step(
-    pool: &LanePool,
-    existing: &BTreeMap<String, Deployment>,
-    decided: &Replicas,
-    own: Option<&Replicas>,
-    waited: Option<std::time::Duration>,
-    timeout: std::time::Duration,
-) -> SurgeStep {
-    let roles = pool_roles(pool, decided);
-    let own = counts_by_name(pool, own);
-    let counts: Vec<surge::Counts> = roles
-        .iter()
-        .map(|(name, _, target)| {
-            let deployment = existing.get(name);
-            surge::Counts {
-                target: *target,
-                live: deployment
-                    .and(own.get(name).copied())
-                    .or_else(|| deployment.and_then(spec_replicas)),
-                ready: deployment.map_or(0, ready_replicas),
-            }
-        })
-        .collect();
-    let step = surge::step(&counts, waited, timeout);
-    let selectors: BTreeMap<String, String> = worker_deployments(pool, decided)
-        .iter()
-        .map(|d| (d.name_any(), selector_of(d)))
-        .collect();
-    let shrinks = roles
-        .iter()
-        .zip(&counts)
-        .filter_map(|((name, role, _), c)| {
-            let live = c.live.filter(|live| c.target < *live)?;
-            Some(Shrink {
-                deployment: name.clone(),
-                selector: selectors.get(name).cloned().unwrap_or_default(),
-                live,
-                to: c.target,
-                lanes: match role {
-                    Role::Reserved { lane } => vec![lane.clone()],
-                    Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),
-                },
-            })
-        })
-        .collect();
-    let mut replicas = decided.clone();
-    for ((_, role, _), count) in roles.iter().zip(step.apply) {
-        match role {
-            Role::Reserved { lane } => {
-                replicas.reserved.insert(lane.clone(), count);
-            }
-            Role::Shared => replicas.shared = count,
+impl<'a> Deployments<'a> {
+    pub(super) fn new(
+        pool: &'a LanePool,
+        ctx: &'a Context,
+        live: &'a BTreeMap<String, Deployment>,
+        applied: Option<Replicas>,
+    ) -> Self {
+        let api = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+        Self {
+            pool,
+            ctx,
+            api,
+            live,
+            applied,
         }
     }
-    SurgeStep {
-        replicas,
-        waiting: step.waiting,
-        shrinks,
+
+    /// Applies `replicas` (see [`apply_deployments`]).
+    pub(super) async fn apply(&self, replicas: &Replicas) -> Result<()> {
+        let (pool, ctx, api, live) = (self.pool, self.ctx, &self.api, self.live);
+        apply_deployments(pool, ctx, api, live, replicas, self.applied.as_ref()).await
     }
 }
 
-/// A Deployment's Pod selector, `key=value,…`.
-fn selector_of(deployment: &Deployment) -> String {
-    let labels = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.match_labels.clone())
-        .unwrap_or_default();
-    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    selector.join(",")
-}
-
-/// The Deployments that `replicas` shrinks, each with its Pods' label selector.
-pub(super) fn shrinking(
-    pool: &LanePool,
-    existing: &BTreeMap<String, Deployment>,
-    replicas: &Replicas,
-) -> Vec<(String, String)> {
-    worker_deployments(pool, replicas)
-        .iter()
-        .filter(|desired| {
-            let live = existing.get(&desired.name_any()).and_then(spec_replicas);
-            live.is_some_and(|live| spec_replicas(desired).unwrap_or(0) < live)
-        })
-        .map(|desired| (desired.name_any(), selector_of(desired)))
-        .collect()
-}
-
-/// `replicas` with every shrinking Deployment kept at its live count: the growth alone.
-pub(super) fn hold_shrinks(
-    pool: &LanePool,
-    existing: &BTreeMap<String, Deployment>,
-    replicas: &Replicas,
-) -> Replicas {
-    hold(pool, existing, replicas, |_| true)
-}
-
-/// `replicas` with the shrinking Deployments that `held_back` names kept at their live counts.
-pub(super) fn hold(
-    pool: &LanePool,
-    existing: &BTreeMap<String, Deployment>,
-    replicas: &Replicas,
-    held_back: impl Fn(&str) -> bool,
-) -> Replicas {
-    let mut held = replicas.clone();
-    for (name, role, count) in pool_roles(pool, replicas) {
-        let Some(live) = existing.get(&name).and_then(spec_replicas) else {
-            continue;
-        };
-        if count < live && held_back(&name) {
-            match role {
-                Role::Reserved { lane } => {
-                    held.reserved.insert(lane, live);
-                }
-                Role::Shared => held.shared = live,
-            }
-        }
-    }
-    held
-}
-
-pub(super) async fn apply_deployments(
+/// Applies the pool's Deployments at `replicas` over the `existing` ones; `applied` is what this
+/// operator set last, so that a count someone else set is reported as restored.
+async fn apply_deployments(
     pool: &LanePool,
     ctx: &Context,
     deployments: &Api<Deployment>,
@@ -203,7 +86,12 @@ pub(super) async fn apply_deployments(
     }
     // What this operator set last, by Deployment name: a count that differs from both this and
     // the new decision was set by someone else.
-    let before = counts_by_name(pool, applied);
+    let before: BTreeMap<String, i32> = applied
+        .map(|r| pool_roles(pool, r))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
+        .collect();
     let params = PatchParams::apply(MANAGER).force();
     let mut writes = Vec::new();
     for deployment in &desired {
@@ -337,35 +225,6 @@ pub(super) fn autoscaler_conflict(
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn growth_is_applied_alone_before_the_shrinking_deployments_pods_are_ranked() {
-        let mut pool: LanePool =
-            serde_yaml::from_str(include_str!("../../examples/lanepool.yaml")).unwrap();
-        pool.metadata.namespace = Some("team".into());
-        let live = Replicas {
-            reserved: BTreeMap::from([("urgent".into(), 1)]),
-            shared: 9,
-        };
-        let existing: BTreeMap<String, Deployment> = worker_deployments(&pool, &live)
-            .into_iter()
-            .map(|d| (d.name_any(), d))
-            .collect();
-        let target = Replicas {
-            reserved: BTreeMap::from([("urgent".into(), 3)]),
-            shared: 7,
-        };
-        let held = hold_shrinks(&pool, &existing, &target);
-        assert_eq!(held.reserved["urgent"], 3, "the reserve grows at once");
-        assert_eq!(held.shared, 9, "shared waits for the ranking");
-        let shrinking = shrinking(&pool, &existing, &target);
-        assert_eq!(shrinking.len(), 1);
-        assert_eq!(shrinking[0].0, "jobs-shared");
-        assert_eq!(
-            shrinking[0].1,
-            "lanepool.dev/pool=jobs,lanepool.dev/role=shared"
-        );
-    }
 
     #[test]
     fn defaults_added_by_the_api_server_are_not_drift_and_a_changed_value_is() {

@@ -15,7 +15,7 @@ use kube::{Client, ResourceExt};
 use tracing::warn;
 
 use super::events::{Recorder, Said};
-use super::step::PoolMemory;
+use super::memory::PoolMemory;
 use super::workers::CachedDeployment;
 use crate::api::{LanePool, POOL_LABEL};
 use crate::metrics::Metrics;

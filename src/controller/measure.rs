@@ -1,6 +1,7 @@
-//! Measuring a pool's reserve lanes: the connection from the spec (and its Secrets), the
-//! queries through the shared Prometheus clients, and the answers read as loads. An answer that
-//! is not one finite, non-negative number is "unavailable", never zero.
+//! Everything the operator asks Prometheus: a pool's reserve lanes measured as loads through the
+//! connection from the spec (and its Secrets) and the shared clients, every lane's mean job time,
+//! and the workers' busy gauges for those that do not answer themselves. An answer that is not one
+//! finite, non-negative number is "unavailable", never zero.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,17 +10,18 @@ use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
 use kube::ResourceExt;
 use kube::api::Api;
 
+use tracing::warn;
+
 use super::context::Context;
+use super::plan::cost::Sample;
+use super::protocol::{BUSY_METRIC, STARTED_METRIC};
 use crate::api::LanePool;
 use crate::duration::human_seconds;
 use crate::prometheus::{
-    BasicAuth, Client, ClientCertificate, Connection, LaneQueries, pool_queries,
+    BasicAuth, Client, ClientCertificate, Connection, LaneQueries, default_job_time, pool_queries,
 };
-use crate::sizing::{LaneLoad, RecentRate, lane_load, single_value};
+use crate::sizing::{LaneLoad, Loads, RecentRate, lane_load, single_value};
 use crate::{Error, Result};
-
-/// Each lane's load, or why it has none.
-pub type Loads = BTreeMap<String, std::result::Result<LaneLoad, String>>;
 
 /// Queries every lane at once (each lane's queries at once too, within the operator's limit on
 /// queries in flight; shared queries refreshed once per `period` for every pool) and reads
@@ -244,4 +246,104 @@ async fn secret_keys<const N: usize>(
         *value = data.remove(key).ok_or_else(|| missing(key))?.0;
     }
     Ok(values)
+}
+
+/// Mean job seconds of every lane: the reserve lanes' from their loads, the others' from the
+/// metric convention's shared job-time query (already refreshed for the reserve lanes, so no
+/// extra query). A lane without an answer is left out.
+pub(super) async fn served_job_seconds(
+    pool: &LanePool,
+    ctx: &Context,
+    connection: Option<&Connection>,
+    loads: &Loads,
+) -> BTreeMap<String, f64> {
+    let mut seconds: BTreeMap<String, f64> = loads
+        .iter()
+        .filter_map(|(lane, load)| Some((lane.clone(), load.as_ref().ok()?.job_seconds?)))
+        .collect();
+    let Some(client) = connection.and_then(|c| ctx.prometheus.get(c).ok()) else {
+        return seconds;
+    };
+    let namespace = pool.namespace().unwrap_or_default();
+    let period = refresh_period(ctx.settings.windows.scrape_interval);
+    for lane in pool
+        .spec
+        .lanes
+        .iter()
+        .filter(|l| !loads.contains_key(&l.name))
+    {
+        let query = default_job_time(
+            &namespace,
+            &pool.name_any(),
+            &lane.name,
+            &ctx.settings.windows,
+        );
+        if let Ok(value) = single_value("job time", &client.ask(&query, period).await) {
+            seconds.insert(lane.name.clone(), value);
+        }
+    }
+    seconds
+}
+
+/// The PromQL for a pool's busy gauges, by pod and lane.
+pub fn busy_query(namespace: &str, pool: &str) -> String {
+    format!(
+        "max by (pod, lane) ({BUSY_METRIC}{{namespace={:?},pool={:?}}})",
+        namespace, pool
+    )
+}
+
+/// The PromQL for a pool's job start times, by pod and lane.
+pub fn started_query(namespace: &str, pool: &str) -> String {
+    format!(
+        "max by (pod, lane) ({STARTED_METRIC}{{namespace={:?},pool={:?}}})",
+        namespace, pool
+    )
+}
+
+/// The pool's busy and job-start gauges from Prometheus, by pod and lane (`None`: not
+/// reachable); `deployment` names the shrink they are for in a warning.
+pub(super) async fn busy_workers(
+    ctx: &Context,
+    connection: Option<&Connection>,
+    pool: &LanePool,
+    deployment: &str,
+) -> Option<(Vec<Sample>, Vec<Sample>)> {
+    let connection = connection?;
+    let (namespace, pool) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let client = ctx
+        .prometheus
+        .get(connection)
+        .map_err(|error| warn!(deployment, %error, "Prometheus not asked for busy workers"))
+        .ok()?;
+    let (busy_promql, started_promql) = (
+        busy_query(&namespace, &pool),
+        started_query(&namespace, &pool),
+    );
+    let (busy, started) = futures::join!(
+        client.query_labelled(&busy_promql),
+        client.query_labelled(&started_promql),
+    );
+    let busy = busy
+        .map_err(|error| warn!(deployment, %error, "Prometheus not asked for busy workers"))
+        .ok()?;
+    // Workers that export no start times are ranked by their lanes' whole job times.
+    Some((busy, started.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queries_name_the_pool_and_group_by_pod_and_lane() {
+        assert_eq!(
+            busy_query("team", "jobs"),
+            r#"max by (pod, lane) (lanepool_worker_busy{namespace="team",pool="jobs"})"#
+        );
+        assert_eq!(
+            started_query("team", "jobs"),
+            r#"max by (pod, lane) (lanepool_worker_job_started_timestamp_seconds{namespace="team",pool="jobs"})"#
+        );
+    }
 }

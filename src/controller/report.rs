@@ -8,7 +8,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
-use super::grace::GRACE_PERIOD_TOO_SHORT;
+use super::plan::grace::GRACE_PERIOD_TOO_SHORT;
 use super::status::{self, ConditionState};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Replicas};
@@ -89,6 +89,25 @@ pub(super) async fn report_decision(
     let (_, written) = futures::join!(events, write_status(pool, ctx, old, new));
     written?;
     Ok(true)
+}
+
+/// Says on the status that the pool is paused: its Deployments are left alone.
+pub(super) async fn report_paused(pool: &LanePool, ctx: &Context) -> Result<()> {
+    let old = pool.status.clone().unwrap_or_default();
+    let observed = [ConditionState::new(
+        status::PAUSED,
+        true,
+        "Paused",
+        "spec.paused is true: the Deployments are left alone",
+    )];
+    let mut new = old.clone();
+    new.conditions = status::merge_conditions(
+        &old.conditions,
+        &observed,
+        pool.metadata.generation,
+        Timestamp::now(),
+    );
+    write_status(pool, ctx, &old, new).await
 }
 
 pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error) {

@@ -54,11 +54,14 @@ pub struct Recommendation {
 /// Recent recommendations per lane.
 pub type History = BTreeMap<String, Vec<Recommendation>>;
 
+/// Each lane's load, or why it has none.
+pub type Loads = BTreeMap<String, std::result::Result<LaneLoad, String>>;
+
 /// What the decision sees at one evaluation.
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a> {
     /// Each reserve lane's load, or why it could not be measured.
-    pub loads: &'a BTreeMap<String, std::result::Result<LaneLoad, String>>,
+    pub loads: &'a Loads,
     /// The replica counts now, or `None` when the Deployments do not exist yet.
     pub current: Option<&'a Replicas>,
     pub history: &'a History,

@@ -11,7 +11,7 @@ mod settings;
 
 pub use answer::{Answer, lane_load, single_value};
 pub use decide::{
-    CONFIRMING_SHARE, Decision, History, Inputs, LaneDecision, LaneLoad, MOST_TOLERANCE,
+    CONFIRMING_SHARE, Decision, History, Inputs, LaneDecision, LaneLoad, Loads, MOST_TOLERANCE,
     NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,
 };
 pub use queueing::{

@@ -1,11 +1,21 @@
-//! Everything that talks to worker Pods: their `/metrics` answers (counts for the reads, gauges
-//! for the idle-first ranking) and drain requests, all through one client that follows no
-//! redirect and reads capped answers (`http.rs`). What a Pod answers is never trusted beyond
+//! Everything that talks to worker Pods, and nothing else does: one snapshot of the pool's own
+//! workers per reconcile (`owners.rs` says whose a Pod is, `worker.rs` what is kept of it), their
+//! `/metrics` answers, each asked at most once per reconcile and read in `text.rs`, drain requests
+//! and deletion costs, all through one client that follows no redirect and reads capped answers
+//! (`http.rs`), within one time budget. The stages that use them: the reads (`reads.rs`), the
+//! drains (`drain.rs`) and the ranking (`rank.rs`). What a Pod answers is never trusted beyond
 //! those caps, and a refused answer is an answer not given.
 
+pub(super) mod drain;
 mod http;
 mod owners;
+pub(super) mod rank;
+pub(super) mod reads;
+mod text;
+mod worker;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -17,10 +27,11 @@ use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
 use super::context::{Context, POD_REQUESTS_IN_FLIGHT};
-use super::idle_first::{DELETION_COST, PATCHES_IN_FLIGHT, metrics_address};
+use super::protocol::DELETION_COST;
 use crate::api::{LanePool, POOL_LABEL};
 pub(crate) use http::Refused;
 use owners::{Owners, PoolDeployments, pool_deployments};
+pub(super) use worker::Worker;
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
 /// read, asked to drain or annotated, and all of it within one deadline.
@@ -30,10 +41,14 @@ pub(super) struct PoolPods<'a> {
     namespace: String,
     pool: String,
     deployments: PoolDeployments,
-    /// The pool's ReplicaSets, listed at most once per reconcile, when first needed. (One LIST
-    /// per reconcile per pool by the pool's label for now; a watch cache of ReplicaSets'
-    /// metadata, as the Deployments have, is the next step.)
-    owners: OnceCell<Owners>,
+    /// The pool's workers, listed at most once per reconcile, when first needed, with the
+    /// ReplicaSets that say whose each Pod is. (One Pod LIST and one ReplicaSet LIST per
+    /// reconcile by the pool's label for now; watch caches of both, as the Deployments have, are
+    /// the next step.)
+    workers: OnceCell<Vec<Worker>>,
+    /// Each worker's `/metrics` answer in this reconcile (`None`: it gave none), by Pod name:
+    /// the reads, the drains and the ranking ask each worker once between them.
+    texts: Mutex<HashMap<String, Option<String>>>,
 }
 
 impl<'a> PoolPods<'a> {
@@ -51,85 +66,77 @@ impl<'a> PoolPods<'a> {
             namespace: pool.namespace().unwrap_or_default(),
             pool: pool.name_any(),
             deployments: pool_deployments(&pool.uid().unwrap_or_default(), existing),
-            owners: OnceCell::new(),
+            workers: OnceCell::new(),
+            texts: Mutex::default(),
         }
     }
 
-    async fn owners(&self) -> crate::Result<&Owners> {
-        self.owners
-            .get_or_try_init(|| async {
-                let replicasets: Api<ReplicaSet> =
-                    Api::namespaced(self.ctx.client.clone(), &self.namespace);
-                // From the API server's cache (resourceVersion 0), metadata only.
-                let params = ListParams::default()
-                    .labels(&format!("{POOL_LABEL}={}", self.pool))
-                    .match_any();
-                let listed = self
-                    .ctx
-                    .read(
-                        format!("listing the ReplicaSets of pool {}", self.pool),
-                        replicasets.list_metadata(&params),
-                    )
-                    .await?;
-                Ok(Owners::new(
-                    &self.deployments,
-                    listed.items.iter().map(|rs| &rs.metadata),
-                ))
-            })
-            .await
-    }
-
-    /// The live (not terminating) workers of the pool among the Pods `params` lists, with the
-    /// name of the Deployment each is a worker of; a Pod that is not the pool's worker, however
-    /// it is labelled, is left out. `whose` names them in an error.
-    pub(super) async fn workers(
-        &self,
-        whose: &str,
-        params: &ListParams,
-    ) -> crate::Result<Vec<(Pod, String)>> {
-        if self.deployments.is_empty() {
-            return Ok(Vec::new());
-        }
-        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        let action = format!("listing the Pods of {whose}");
-        let both = futures::future::join(
-            self.ctx.read(action.clone(), pods.list(params)),
-            self.owners(),
-        );
-        let Ok((listed, owners)) = tokio::time::timeout_at(self.deadline, both).await else {
-            let seconds = POD_BUDGET.as_secs();
-            return Err(crate::Error::Timeout { action, seconds });
-        };
-        let owners = owners?;
-        Ok(listed?
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| {
-                let deployment = owners.deployment_of(&p)?.to_string();
-                Some((p, deployment))
-            })
-            .collect())
-    }
-
-    /// The live workers of the pool's Deployment `deployment`, among the Pods of `selector`.
-    pub(super) async fn workers_of(
-        &self,
-        deployment: &str,
-        selector: &str,
-    ) -> crate::Result<Vec<Pod>> {
-        let params = ListParams::default().labels(selector);
-        let workers = self
-            .workers(&format!("Deployment {deployment}"), &params)
+    async fn owners(&self) -> crate::Result<Owners> {
+        let replicasets: Api<ReplicaSet> =
+            Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        let listed = self
+            .ctx
+            .read(
+                format!("listing the ReplicaSets of pool {}", self.pool),
+                replicasets.list_metadata(&self.by_pool()),
+            )
             .await?;
-        Ok(workers
-            .into_iter()
-            .filter(|(_, of)| of == deployment)
-            .map(|(pod, _)| pod)
+        Ok(Owners::new(
+            &self.deployments,
+            listed.items.iter().map(|rs| &rs.metadata),
+        ))
+    }
+
+    /// The pool's label, read from the API server's cache (resourceVersion 0): no quorum read.
+    fn by_pool(&self) -> ListParams {
+        ListParams::default()
+            .labels(&format!("{POOL_LABEL}={}", self.pool))
+            .match_any()
+    }
+
+    /// The live (not terminating) workers of the pool: Pods with its label that a ReplicaSet of
+    /// one of its Deployments controls. A Pod that is not the pool's worker, however it is
+    /// labelled, is left out. Listed once per reconcile.
+    pub(super) async fn workers(&self) -> crate::Result<&[Worker]> {
+        let workers = self.workers.get_or_try_init(|| async {
+            if self.deployments.is_empty() {
+                return Ok(Vec::new());
+            }
+            let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+            let action = format!("listing the Pods of pool {}", self.pool);
+            let by_pool = self.by_pool();
+            let both = futures::future::join(
+                self.ctx.read(action.clone(), pods.list(&by_pool)),
+                self.owners(),
+            );
+            let Ok((listed, owners)) = tokio::time::timeout_at(self.deadline, both).await else {
+                let seconds = POD_BUDGET.as_secs();
+                return Err(crate::Error::Timeout { action, seconds });
+            };
+            let owners = owners?;
+            Ok(listed?
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| Some(Worker::new(p, owners.deployment_of(p)?.to_string())))
+                .collect())
+        });
+        Ok(workers.await?.as_slice())
+    }
+
+    /// The live workers of the pool's Deployment `deployment`.
+    pub(super) async fn workers_of(&self, deployment: &str) -> crate::Result<Vec<&Worker>> {
+        Ok(self
+            .workers()
+            .await?
+            .iter()
+            .filter(|w| w.deployment == deployment)
             .collect())
     }
 }
 
+/// Most Pod patches in flight at once for one Deployment.
+const PATCHES_IN_FLIGHT: usize = 8;
 /// Most requests to one pool's Pods in flight at once (a pool has one reconcile at a time, and
 /// it asks its Pods one step after another): a quarter of the operator's
 /// [`POD_REQUESTS_IN_FLIGHT`], so one pool's silent Pods never hold every slot.
@@ -172,28 +179,41 @@ impl PoolPods<'_> {
             .unwrap_or(Err(Refused::OutOfTime))
     }
 
-    /// Each of `pods` that has a metrics port asked for its `/metrics` text, at most
-    /// [`REQUESTS_IN_FLIGHT`] at once: (pod name, text) of those that answered in time.
-    pub(super) async fn metrics_texts(&self, pods: &[&Pod]) -> Vec<(String, String)> {
-        let targets: Vec<(String, String)> = pods
-            .iter()
-            .filter_map(|pod| Some((pod.name_any(), metrics_address(pod)?)))
-            .collect();
-        futures::stream::iter(targets)
+    /// Each of `workers` that has a metrics port asked for its `/metrics` text (once per
+    /// reconcile: a worker asked before answers as it did then), at most [`REQUESTS_IN_FLIGHT`]
+    /// at once: (pod name, text) of those that answered in time.
+    pub(super) async fn metrics_texts(&self, workers: &[&Worker]) -> Vec<(String, String)> {
+        let (mut known, mut targets) = (Vec::new(), Vec::new());
+        {
+            let texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
+            for worker in workers {
+                match (texts.get(&worker.name), &worker.address) {
+                    (Some(text), _) => known.extend(text.clone().map(|t| (worker.name.clone(), t))),
+                    (None, Some(address)) => targets.push((worker.name.clone(), address.clone())),
+                    (None, None) => {}
+                }
+            }
+        }
+        let asked: Vec<(String, Option<String>)> = futures::stream::iter(targets)
             .map(|(name, address)| async move {
                 match self.request(|| http::get(&address, "/metrics")).await {
-                    Ok(text) => Some((name, text)),
+                    Ok(text) => (name, Some(text)),
                     Err(refused) => {
                         count(self.ctx, &refused);
                         debug!(pod = %name, %address, error = %refused, "worker did not answer");
-                        None
+                        (name, None)
                     }
                 }
             })
             .buffer_unordered(REQUESTS_IN_FLIGHT)
-            .filter_map(std::future::ready)
             .collect()
-            .await
+            .await;
+        let mut texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, text) in asked {
+            known.extend(text.clone().map(|t| (name.clone(), t)));
+            texts.insert(name, text);
+        }
+        known
     }
 
     /// `POST /drain?seconds={seconds}` to each of `pods` at its metrics address: (pod name, the

@@ -1,7 +1,9 @@
 //! Role changes that never dip a pool's capacity: a Deployment that grows gets its new count at
-//! once, and one that shrinks keeps its count until every other Deployment of the pool is ready
-//! at its new count (a surge), or until the surge timeout. Pure; it never decides counts, only
-//! the order in which decided counts reach the Deployments.
+//! once, and one that shrinks keeps its count until the Deployments that take over its capacity
+//! (those growing in this surge) are ready at their new counts, or until the surge timeout. A
+//! Deployment that does not change is never waited for: one of its Pods stuck Pending holds no
+//! shrink. Pure; it never decides counts, only the order in which decided counts reach the
+//! Deployments.
 
 use std::time::Duration;
 
@@ -19,6 +21,9 @@ pub struct Counts {
     pub live: Option<i32>,
     /// `status.readyReplicas` now.
     pub ready: i32,
+    /// It grows in this surge: its new workers take over a shrinking Deployment's capacity, so
+    /// a shrink waits for them.
+    pub takes_over: bool,
 }
 
 /// The counts to apply now, and whether a shrink is waiting for the others to be ready.
@@ -33,7 +38,7 @@ pub fn step(deployments: &[Counts], waited: Option<Duration>, timeout: Duration)
     let shrinks = |c: &Counts| c.live.is_some_and(|live| c.target < live);
     let others_ready = deployments
         .iter()
-        .filter(|c| !shrinks(c))
+        .filter(|c| !shrinks(c) && c.takes_over)
         .all(|c| c.ready >= c.target);
     let timed_out = waited.unwrap_or_default() >= timeout;
     let waiting = deployments.iter().any(shrinks) && !others_ready && !timed_out;
@@ -53,11 +58,21 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_secs(120);
 
+    /// A Deployment at `live` going to `target`: it takes over when it grows.
     fn counts(target: i32, live: i32, ready: i32) -> Counts {
         Counts {
             target,
             live: Some(live),
             ready,
+            takes_over: target > live,
+        }
+    }
+
+    /// One that grew earlier in this surge and is at its new count, not yet ready.
+    fn grown(target: i32, ready: i32) -> Counts {
+        Counts {
+            takes_over: true,
+            ..counts(target, target, ready)
         }
     }
 
@@ -68,12 +83,12 @@ mod tests {
         let first = step(&starting, None, TIMEOUT);
         assert_eq!(first.apply, vec![3, 9]);
         assert!(first.waiting);
-        let half = [counts(3, 3, 2), counts(7, 9, 9)];
+        let half = [grown(3, 2), counts(7, 9, 9)];
         assert_eq!(
             step(&half, Some(Duration::from_secs(5)), TIMEOUT).apply,
             vec![3, 9]
         );
-        let ready = [counts(3, 3, 3), counts(7, 9, 9)];
+        let ready = [grown(3, 3), counts(7, 9, 9)];
         let done = step(&ready, Some(Duration::from_secs(10)), TIMEOUT);
         assert_eq!(done.apply, vec![3, 7]);
         assert!(!done.waiting);
@@ -83,7 +98,7 @@ mod tests {
     fn the_reserve_shrinks_only_once_shared_workers_took_its_place() {
         let start = [counts(1, 3, 3), counts(9, 7, 7)];
         assert_eq!(step(&start, None, TIMEOUT).apply, vec![3, 9]);
-        let ready = [counts(1, 3, 3), counts(9, 9, 9)];
+        let ready = [counts(1, 3, 3), grown(9, 9)];
         assert_eq!(
             step(&ready, Some(Duration::from_secs(10)), TIMEOUT).apply,
             vec![1, 9]
@@ -92,7 +107,7 @@ mod tests {
 
     #[test]
     fn a_surge_that_never_gets_ready_ends_at_the_timeout() {
-        let stuck = [counts(3, 3, 1), counts(7, 9, 9)];
+        let stuck = [grown(3, 1), counts(7, 9, 9)];
         assert!(step(&stuck, Some(Duration::from_secs(119)), TIMEOUT).waiting);
         let over = step(&stuck, Some(TIMEOUT), TIMEOUT);
         assert_eq!(over.apply, vec![3, 7]);
@@ -108,6 +123,7 @@ mod tests {
                 target: 2,
                 live: None,
                 ready: 0,
+                takes_over: true,
             },
             counts(8, 8, 0),
         ];
@@ -117,5 +133,24 @@ mod tests {
         // Fixed shared workers: only the reserve moves, down at once when nothing grows.
         let down = [counts(1, 3, 3), counts(8, 8, 8)];
         assert_eq!(step(&down, None, TIMEOUT).apply, vec![1, 8]);
+    }
+
+    #[test]
+    fn a_shrink_waits_only_for_the_deployments_that_take_over_its_capacity() {
+        // Fixed shared workers, one of them stuck Pending (a full cluster): the reserve shrinks
+        // at once; nothing takes over its capacity, and the stuck Pod is no reason to wait.
+        let stuck_shared = [counts(1, 3, 3), counts(8, 8, 7)];
+        let step_now = step(&stuck_shared, None, TIMEOUT);
+        assert_eq!(step_now.apply, vec![1, 8]);
+        assert!(!step_now.waiting);
+        // Two reserve lanes trade places: the shrink waits for the growing lane alone, not for
+        // the shared Deployment that does not change (and is not ready).
+        let trade = [counts(1, 3, 3), counts(3, 1, 1), counts(6, 6, 5)];
+        assert_eq!(step(&trade, None, TIMEOUT).apply, vec![3, 3, 6]);
+        let grown_ready = [counts(1, 3, 3), grown(3, 3), counts(6, 6, 5)];
+        assert_eq!(
+            step(&grown_ready, Some(Duration::from_secs(3)), TIMEOUT).apply,
+            vec![1, 3, 6]
+        );
     }
 }

@@ -4,15 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kube::ResourceExt;
-
-use super::context::Context;
-use super::measure::{Loads, refresh_period};
-use super::status::ConditionState;
 use crate::api::LanePool;
+use crate::controller::status::ConditionState;
 use crate::duration::human_seconds;
-use crate::prometheus::{Connection, default_job_time};
-use crate::sizing::single_value;
 
 pub const GRACE_PERIOD_TOO_SHORT: &str = "GracePeriodTooShort";
 /// What the API server gives a Pod that names no grace period.
@@ -59,43 +53,6 @@ pub fn grace_condition(grace: i64, job_seconds: &BTreeMap<String, f64>) -> Condi
             ),
         ),
     }
-}
-
-/// Mean job seconds of every lane: the reserve lanes' from their loads, the others' from the
-/// metric convention's shared job-time query (already refreshed for the reserve lanes, so no
-/// extra query). A lane without an answer is left out.
-pub(super) async fn served_job_seconds(
-    pool: &LanePool,
-    ctx: &Context,
-    connection: Option<&Connection>,
-    loads: &Loads,
-) -> BTreeMap<String, f64> {
-    let mut seconds: BTreeMap<String, f64> = loads
-        .iter()
-        .filter_map(|(lane, load)| Some((lane.clone(), load.as_ref().ok()?.job_seconds?)))
-        .collect();
-    let Some(client) = connection.and_then(|c| ctx.prometheus.get(c).ok()) else {
-        return seconds;
-    };
-    let namespace = pool.namespace().unwrap_or_default();
-    let period = refresh_period(ctx.settings.windows.scrape_interval);
-    for lane in pool
-        .spec
-        .lanes
-        .iter()
-        .filter(|l| !loads.contains_key(&l.name))
-    {
-        let query = default_job_time(
-            &namespace,
-            &pool.name_any(),
-            &lane.name,
-            &ctx.settings.windows,
-        );
-        if let Ok(value) = single_value("job time", &client.ask(&query, period).await) {
-            seconds.insert(lane.name.clone(), value);
-        }
-    }
-    seconds
 }
 
 #[cfg(test)]

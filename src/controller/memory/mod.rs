@@ -1,22 +1,25 @@
-//! A reconcile's state, without I/O: what one pool's reconciles remember between runs, whether
-//! the pool is due for a measurement, which source says what its Deployments were last given,
-//! what to remember after each stage, and when to come back. The reconcile walks it forward:
-//! [`PoolMemory::start`], then [`PoolMemory::decided`] (when due), [`PoolMemory::surging`],
-//! [`PoolMemory::applied`] and [`PoolMemory::requeue_after`].
+//! What one pool's reconciles remember between runs, without I/O: whether the pool is due for a
+//! measurement, which source says what its Deployments were last given, what to remember after
+//! each stage, and when to come back. The reconcile walks it forward: [`PoolMemory::start`], then
+//! [`PoolMemory::measured`] and [`PoolMemory::decided`] (when due), [`PoolMemory::surging`],
+//! [`PoolMemory::rolled_out`] and [`PoolMemory::requeue_after`]; it is written back once.
 
-use std::collections::BTreeMap;
+pub(super) mod reads;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
 
-use super::drain::{self, Drain};
+use super::plan::drain::{self, Drain};
+use super::plan::{Release, Rollout, Surge};
+use super::status::METRICS_AVAILABLE;
 use super::workers::{Role, pool_roles, spec_replicas};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
-use k8s_openapi::jiff::Timestamp;
-
-use super::status::METRICS_AVAILABLE;
 use crate::sizing::{Decision, History, Outage, Replicas};
+use reads::WorkerReads;
 
 /// What one pool's reconciles remember between runs. Times are since the process started.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -32,6 +35,8 @@ pub(super) struct PoolMemory {
     pub(super) applied: Option<Replicas>,
     /// Since when a shrink has been waiting for the growing Deployments to be ready.
     pub(super) surge_since: Option<Duration>,
+    /// The Deployments that grew for the waiting shrink.
+    pub(super) taking_over: BTreeSet<String>,
     pub(super) failures: u32,
     /// How the pool last reached Prometheus: its client stays cached while the pool lives.
     pub(super) connection: Option<Connection>,
@@ -45,7 +50,9 @@ pub(super) struct PoolMemory {
     /// The drains of shrinking Deployments, by Deployment name.
     pub(super) drains: BTreeMap<String, Drain>,
     /// The workers' finished-job counts read so far.
-    pub(super) worker_reads: super::reads::WorkerReads,
+    pub(super) worker_reads: WorkerReads,
+    /// Every lane's mean job time at the last measurement: drains and rankings go by it.
+    pub(super) job_seconds: BTreeMap<String, f64>,
 }
 
 /// How old the measurements in a status may get while they stay within their tolerance.
@@ -95,6 +102,17 @@ impl PoolMemory {
         }
     }
 
+    /// Remembers how the pool was measured: the connection it was reached through and every
+    /// lane's mean job time.
+    pub(super) fn measured(
+        &mut self,
+        connection: Option<Connection>,
+        job_seconds: BTreeMap<String, f64>,
+    ) {
+        self.connection = connection;
+        self.job_seconds = job_seconds;
+    }
+
     /// Remembers a decision made at `now` for the spec's `generation`.
     pub(super) fn decided(&mut self, decision: &Decision, generation: Option<i64>, now: Duration) {
         self.history = decision.history.clone();
@@ -132,14 +150,36 @@ impl PoolMemory {
         self.surge_since.map(|since| now.saturating_sub(since))
     }
 
-    /// Remembers whether a shrink is waiting: since the first time it was, until it is not.
-    pub(super) fn surging(&mut self, waiting: bool, now: Duration) {
-        self.surge_since = waiting.then(|| self.surge_since.unwrap_or(now));
+    /// Where the surge stands at `now`.
+    pub(super) fn surge(&self, now: Duration) -> Surge {
+        Surge {
+            waited: self.surge_waited(now),
+            taking_over: self.taking_over.clone(),
+        }
     }
 
-    /// Remembers what the Deployments were given.
-    pub(super) fn applied(&mut self, replicas: Replicas) {
-        self.applied = Some(replicas);
+    /// Remembers whether a shrink is waiting (since the first time it was, until it is not) and
+    /// for which Deployments. Returns how long a wait that ends now lasted.
+    pub(super) fn surging(&mut self, rollout: &Rollout, now: Duration) -> Option<Duration> {
+        let waiting = rollout.waiting;
+        let ended = self.surge_waited(now).filter(|_| !waiting);
+        self.surge_since = waiting.then(|| self.surge_since.unwrap_or(now));
+        self.taking_over = if waiting {
+            rollout.taking_over.clone()
+        } else {
+            BTreeSet::new()
+        };
+        ended
+    }
+
+    /// Remembers what the Deployments were given for the spec's `generation` (every Deployment
+    /// labelled as the pool's was looked at for it), and ends the drains of the shrinks that went.
+    pub(super) fn rolled_out(&mut self, release: Release, generation: Option<i64>) {
+        for deployment in &release.shrinking {
+            self.drains.remove(deployment);
+        }
+        self.applied = Some(release.replicas);
+        self.swept = generation;
     }
 
     /// When to reconcile again: when the interval since the last measurement ends, less the
@@ -296,6 +336,16 @@ mod tests {
     }
 
     /// Memory after one decision of 2 reserved + 8 shared at `at`, generation 1.
+    fn waiting(waiting: bool) -> Rollout {
+        Rollout {
+            step: Replicas::default(),
+            waiting,
+            taking_over: BTreeSet::from(["jobs-urgent-reserved".to_string()]),
+            shrinks: vec![],
+            growth: None,
+        }
+    }
+
     fn after_decision(at: Duration) -> PoolMemory {
         let mut memory = PoolMemory::default();
         memory.decided(&decision(2, 8, at), Some(1), at);
@@ -303,7 +353,7 @@ mod tests {
     }
 
     fn example() -> LanePool {
-        serde_yaml::from_str(include_str!("../../examples/lanepool.yaml")).unwrap()
+        serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap()
     }
 
     fn deployment(replicas: i32) -> Deployment {
@@ -368,13 +418,28 @@ mod tests {
     fn a_waiting_shrink_keeps_the_time_it_started_waiting() {
         let mut memory = after_decision(secs(0));
         assert_eq!(memory.surge_waited(secs(3)), None);
-        memory.surging(true, secs(3));
-        memory.surging(true, secs(8));
+        assert_eq!(memory.surging(&waiting(true), secs(3)), None);
+        assert_eq!(memory.surging(&waiting(true), secs(8)), None);
         assert_eq!(memory.surge_since, Some(secs(3)));
         assert_eq!(memory.surge_waited(secs(8)), Some(secs(5)));
-        memory.surging(false, secs(9));
+        assert_eq!(
+            memory.surge(secs(8)).taking_over.len(),
+            1,
+            "what it waits for"
+        );
+        assert_eq!(
+            memory.surging(&waiting(false), secs(9)),
+            Some(secs(6)),
+            "the wait ends"
+        );
         assert_eq!(memory.surge_since, None);
-        memory.surging(true, secs(12));
+        assert!(memory.taking_over.is_empty());
+        assert_eq!(
+            memory.surging(&waiting(false), secs(10)),
+            None,
+            "and ends once"
+        );
+        memory.surging(&waiting(true), secs(12));
         assert_eq!(
             memory.surge_since,
             Some(secs(12)),
@@ -428,7 +493,7 @@ mod tests {
             secs(1),
             "overdue: soon, but not in a loop"
         );
-        memory.surging(true, secs(100));
+        memory.surging(&waiting(true), secs(100));
         let short = secs(3);
         assert_eq!(
             memory.requeue_after_plain(INTERVAL, short, secs(101)),

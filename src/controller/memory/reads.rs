@@ -1,0 +1,274 @@
+//! What a pool remembers of its workers' own counts between evaluations, without I/O: each
+//! read's answers become per-lane reads of what finished since the read before (see
+//! [`crate::sizing::LaneReads`]), and only this evaluation's read, when it counted every ready
+//! worker, is applied to the loads. The asking is done by `pods/reads.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::sizing::{Baselines, LaneReads, Loads, WorkerCount, baselines, finished_since};
+
+/// What a pool remembers of its reads between evaluations.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(in crate::controller) struct WorkerReads {
+    baselines: Baselines,
+    /// When the last read was made, once its answers were in: on the operator's clock (what the
+    /// rates are counted over) and the wall clock (Pods' start times are wall-clock times).
+    last: Option<(Duration, Timestamp)>,
+    lanes: BTreeMap<String, LaneReads>,
+    /// When this evaluation's read was recorded; `None` when it was not (the workers could not
+    /// be listed, none answered, one did not): then nothing of the reads is current, and
+    /// Prometheus decides. Never the last read standing in for this one.
+    current: Option<Duration>,
+    /// The workers whose implausible claims were logged (once each), among those last read.
+    logged: BTreeSet<String>,
+}
+
+/// One read's answers, as they came in.
+#[derive(Clone, Debug, PartialEq)]
+pub(in crate::controller) struct Answers {
+    pub(in crate::controller) answers: Vec<WorkerCount>,
+    /// The ready workers, by name: each must answer for the read to be a rate.
+    pub(in crate::controller) expected: BTreeSet<String>,
+    pub(in crate::controller) lanes: Vec<String>,
+    /// When the answers were in (the operator's clock), and the wall clock when asked.
+    pub(in crate::controller) at: Duration,
+    pub(in crate::controller) wall: Timestamp,
+}
+
+/// An answer dropped: a worker claimed more finished jobs of `lane` than it could have run.
+#[derive(Clone, Debug, PartialEq)]
+pub(in crate::controller) struct Implausible {
+    pub(in crate::controller) worker: String,
+    pub(in crate::controller) lane: String,
+    pub(in crate::controller) claimed: f64,
+    pub(in crate::controller) most: f64,
+    /// Not logged before for this worker.
+    pub(in crate::controller) first: bool,
+}
+
+impl WorkerReads {
+    /// When the last read was asked, on the wall clock: a worker started since has counted
+    /// from zero since.
+    pub(in crate::controller) fn last_asked(&self) -> Option<Timestamp> {
+        self.last.map(|(_, wall)| wall)
+    }
+
+    /// Records, per lane, what the workers finished since the last read, with the lanes' mean
+    /// `job_seconds` as measured; returns the answers dropped as implausible (see
+    /// [`WorkerCount::implausible`]: a read that needed one is not a rate). Without `answers`
+    /// this evaluation has no read, and none is applied.
+    pub(in crate::controller) fn record(
+        &mut self,
+        answers: Option<Answers>,
+        job_seconds: &BTreeMap<String, f64>,
+        window: Duration,
+    ) -> Vec<Implausible> {
+        self.current = None;
+        let Some(Answers {
+            answers,
+            expected,
+            lanes,
+            at,
+            wall,
+        }) = answers
+        else {
+            return Vec::new();
+        };
+        let mut dropped = Vec::new();
+        let plausible: Vec<WorkerCount> = match self.last {
+            Some((since, _)) => answers
+                .iter()
+                .filter(|answer| {
+                    let span = at.saturating_sub(since);
+                    let Some((lane, claimed, most)) =
+                        answer.implausible(&self.baselines, span, job_seconds)
+                    else {
+                        return true;
+                    };
+                    dropped.push(Implausible {
+                        worker: answer.worker.clone(),
+                        lane,
+                        claimed,
+                        most,
+                        first: self.logged.insert(answer.worker.clone()),
+                    });
+                    false
+                })
+                .cloned()
+                .collect(),
+            None => answers.clone(),
+        };
+        if let (Some((since, _)), Some(finished)) = (
+            self.last,
+            finished_since(&self.baselines, &plausible, &expected),
+        ) {
+            for lane in lanes {
+                let count = finished.get(&lane).copied().unwrap_or(0.0);
+                self.lanes
+                    .entry(lane)
+                    .or_default()
+                    .record(since, at, count, window);
+            }
+            self.current = Some(at);
+        }
+        // Every answer is the next read's baseline, a dropped claim too: a worker that jumped
+        // once is read again from there; one that keeps inflating is dropped every time.
+        self.baselines = baselines(&answers);
+        self.logged
+            .retain(|w| expected.contains(w) || answers.iter().any(|a| a.worker == *w));
+        self.last = Some((at, wall));
+        dropped
+    }
+
+    /// Gives each lane the rates this evaluation's read supports (see
+    /// [`LaneReads::applied_to`]); without one, every lane keeps Prometheus's.
+    pub(in crate::controller) fn apply_to(&self, loads: &mut Loads, window: Duration) {
+        let Some(at) = self.current else {
+            return;
+        };
+        for (lane, reads) in &self.lanes {
+            if let Some(Ok(load)) = loads.get_mut(lane) {
+                *load = reads.applied_to(*load, at, window);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn answers(at: Duration, counts: &[(&str, f64)], expected: &[&str]) -> Option<Answers> {
+        Some(Answers {
+            answers: counts
+                .iter()
+                .map(|(worker, urgent)| WorkerCount {
+                    worker: worker.to_string(),
+                    started_since: false,
+                    finished: BTreeMap::from([("urgent".to_string(), *urgent)]),
+                })
+                .collect(),
+            expected: expected.iter().map(|w| w.to_string()).collect(),
+            lanes: vec!["urgent".into()],
+            at,
+            wall: Timestamp::UNIX_EPOCH,
+        })
+    }
+
+    fn prometheus_says() -> Loads {
+        Loads::from([(
+            "urgent".to_string(),
+            Ok(crate::sizing::LaneLoad {
+                arrival_rate: 30.0,
+                recent_arrival_rate: None,
+                job_seconds: Some(0.02),
+            }),
+        )])
+    }
+
+    fn applied(reads: &WorkerReads) -> Loads {
+        let mut loads = prometheus_says();
+        reads.apply_to(&mut loads, 60 * S);
+        loads
+    }
+
+    #[test]
+    fn a_failed_read_applies_nothing_and_prometheus_decides() {
+        let job = BTreeMap::from([("urgent".to_string(), 0.02)]);
+        let mut reads = WorkerReads::default();
+        reads.record(answers(5 * S, &[("a", 100.0)], &["a"]), &job, 60 * S);
+        assert_eq!(
+            applied(&reads),
+            prometheus_says(),
+            "a first read sets baselines"
+        );
+        reads.record(answers(10 * S, &[("a", 850.0)], &["a"]), &job, 60 * S);
+        let fresh = applied(&reads);
+        let recent = |loads: &Loads| {
+            loads["urgent"]
+                .as_ref()
+                .ok()
+                .and_then(|l| l.recent_arrival_rate)
+                .map(|r| r.per_second)
+        };
+        assert_eq!(recent(&fresh), Some(150.0), "750 jobs in 5 s");
+        // The Pod list failed, or no worker answered: the read at 10 s is not this one.
+        reads.record(None, &job, 60 * S);
+        assert_eq!(applied(&reads), prometheus_says());
+        // A read that misses a ready worker, by name, is no rate either.
+        reads.record(answers(20 * S, &[("a", 2000.0)], &["a", "b"]), &job, 60 * S);
+        assert_eq!(applied(&reads), prometheus_says());
+        // b answers for the first time, running before: a baseline only, still no rate.
+        reads.record(
+            answers(25 * S, &[("a", 2100.0), ("b", 0.0)], &["a", "b"]),
+            &job,
+            60 * S,
+        );
+        assert_eq!(applied(&reads), prometheus_says());
+        // The next complete read is current again: a's 100 and b's 5 in 5 s.
+        reads.record(
+            answers(30 * S, &[("a", 2200.0), ("b", 5.0)], &["a", "b"]),
+            &job,
+            60 * S,
+        );
+        assert_eq!(recent(&applied(&reads)), Some(21.0));
+    }
+
+    #[test]
+    fn an_implausible_claim_is_dropped_and_logged_once() {
+        let job = BTreeMap::from([("urgent".to_string(), 0.02)]);
+        let mut reads = WorkerReads::default();
+        let both = ["a", "liar"];
+        reads.record(
+            answers(5 * S, &[("a", 0.0), ("liar", 0.0)], &both),
+            &job,
+            60 * S,
+        );
+        let dropped = reads.record(
+            answers(10 * S, &[("a", 150.0), ("liar", 1e6)], &both),
+            &job,
+            60 * S,
+        );
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(
+            (dropped[0].worker.as_str(), dropped[0].first),
+            ("liar", true)
+        );
+        assert_eq!(dropped[0].most, 2501.0);
+        assert_eq!(
+            applied(&reads),
+            prometheus_says(),
+            "the liar is a ready worker: no rate"
+        );
+        let again = reads.record(
+            answers(15 * S, &[("a", 300.0), ("liar", 2e6)], &both),
+            &job,
+            60 * S,
+        );
+        assert_eq!(again.len(), 1);
+        assert!(!again[0].first, "logged once");
+        // A liar that is not a ready worker (not needed for the read): the rest is a rate.
+        let only_a = ["a"];
+        let third = reads.record(
+            answers(20 * S, &[("a", 450.0), ("liar", 3e6)], &only_a),
+            &job,
+            60 * S,
+        );
+        assert_eq!(third.len(), 1);
+        let loads = applied(&reads);
+        let recent = loads["urgent"]
+            .as_ref()
+            .ok()
+            .and_then(|l| l.recent_arrival_rate);
+        assert_eq!(
+            recent.map(|r| r.per_second),
+            Some(30.0),
+            "a's 150 in 5 s only"
+        );
+    }
+}

@@ -1,0 +1,519 @@
+//! The drain before a shrink, without I/O: which workers a shrink by k drains (the k the
+//! ReplicaSet controller will delete once they cost least), how long it waits for them, what to
+//! ask each worker, and what their answers mean for the shrink. A drain never holds a shrink past
+//! its timeout; a drain the operator forgets, or calls off, lapses in the worker. The requests
+//! themselves go out from `pods/drain.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::Shrink;
+
+/// The most a shrink waits for its drained workers by default (`--drain-timeout`): what the
+/// surge waits for new workers, so neither outlasts the other. The lanes' job times usually
+/// bound it much lower (see [`drain_timeout`]).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a reconcile comes back while a drained worker is still busy: a fraction of the
+/// jobs that make draining worth it (a second and more), so the shrink follows their end closely.
+pub(in crate::controller) const DRAIN_POLL: Duration = Duration::from_millis(500);
+/// How often a drain whose workers are idle is renewed while the shrink waits for the surge.
+pub(in crate::controller) const DRAIN_RENEW: Duration = Duration::from_secs(5);
+/// How many of the served lanes' longest mean job time a drain waits at most: a job three times
+/// its lane's mean is rare (5 % of exponential job times, none of 2–4 s uniform ones).
+const JOB_TIMES: f64 = 3.0;
+/// The shortest drain timeout: room for the requests themselves on lanes of 20 ms jobs.
+const SHORTEST_DRAIN: Duration = Duration::from_secs(2);
+/// How much longer than its drain's timeout a worker holds off new jobs: the time from the
+/// shrink to its SIGTERM (the Deployment, ReplicaSet and kubelet steps), with room to spare.
+const LAPSE_MARGIN: Duration = Duration::from_secs(15);
+
+/// One Deployment's drain, remembered between reconciles. Times are since the process started.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(in crate::controller) struct Drain {
+    /// Whether its workers were chosen: a drain starts when first advanced.
+    pub(in crate::controller) started: bool,
+    /// The count the Deployment shrinks to.
+    pub(in crate::controller) to: i32,
+    /// How long a drained worker may take to finish its job.
+    pub(in crate::controller) timeout: Duration,
+    /// The workers draining, by Pod name.
+    pub(in crate::controller) pods: BTreeMap<String, Drained>,
+    /// Pods that answered without draining: ranked as before, not asked again for this drain.
+    pub(in crate::controller) refused: BTreeSet<String>,
+    /// Whether the end of the wait was logged.
+    pub(in crate::controller) over: bool,
+}
+
+/// A worker asked to drain.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(in crate::controller) struct Drained {
+    pub(in crate::controller) asked_at: Duration,
+    /// Its last answer said `lanepool_worker_busy 0`.
+    pub(in crate::controller) idle: bool,
+}
+
+/// How a drain's wait ended: its drained workers idle and still busy, and how long it waited.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(in crate::controller) struct Ended {
+    pub(in crate::controller) idle: usize,
+    pub(in crate::controller) still_busy: usize,
+    pub(in crate::controller) waited: Duration,
+}
+
+impl Drain {
+    /// Whether the shrink still waits: a drained worker is busy, within the drain timeout.
+    pub(in crate::controller) fn holds(&self, now: Duration) -> bool {
+        self.pods
+            .values()
+            .any(|p| !p.idle && now.saturating_sub(p.asked_at) < self.timeout)
+    }
+
+    /// The drained workers that are idle: the ones the shrink stops.
+    pub(in crate::controller) fn idle(&self) -> BTreeSet<String> {
+        self.pods
+            .iter()
+            .filter(|(_, p)| p.idle)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// How long to ask a worker asked at `asked_at` to drain for: the rest of its timeout and
+    /// the time its SIGTERM may take to come, in whole seconds.
+    fn lapse(&self, asked_at: Duration, now: Duration) -> u64 {
+        let left = (asked_at + self.timeout).saturating_sub(now);
+        (left + LAPSE_MARGIN).as_secs_f64().ceil() as u64
+    }
+
+    /// Forgets the drained workers that are gone: a drained Pod deleted meanwhile no longer holds
+    /// the shrink.
+    pub(in crate::controller) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
+        let live: BTreeSet<&str> = live.into_iter().collect();
+        self.pods.retain(|name, _| live.contains(name.as_str()));
+    }
+
+    /// Whether the workers are (re)chosen now: at the start, or when the count it shrinks to
+    /// changed.
+    pub(in crate::controller) fn starting(&self, shrink: &Shrink) -> bool {
+        !self.started || self.to != shrink.to
+    }
+
+    /// Chooses the workers to drain for `shrink` among `candidates` (see [`choose`]; a Pod that
+    /// refused before is not one), each newly chosen one asked at `now`, with a timeout from the
+    /// served lanes' `served_job_seconds` (see [`drain_timeout`]). Returns the workers drained
+    /// before and no longer chosen: they are called back.
+    pub(in crate::controller) fn start(
+        &mut self,
+        shrink: &Shrink,
+        candidates: &[Candidate],
+        served_job_seconds: &[f64],
+        cap: Duration,
+        now: Duration,
+    ) -> Vec<String> {
+        let candidates: Vec<Candidate> = candidates
+            .iter()
+            .filter(|c| !self.refused.contains(&c.name))
+            .cloned()
+            .collect();
+        let k = usize::try_from(shrink.live - shrink.to).unwrap_or(0);
+        let chosen = choose(&candidates, k);
+        let called_back = self
+            .pods
+            .keys()
+            .filter(|name| !chosen.contains(name))
+            .cloned()
+            .collect();
+        self.pods.retain(|name, _| chosen.contains(name));
+        for name in chosen {
+            self.pods.entry(name).or_insert(Drained {
+                asked_at: now,
+                idle: false,
+            });
+        }
+        self.started = true;
+        self.to = shrink.to;
+        self.timeout = drain_timeout(served_job_seconds, cap);
+        self.over = false;
+        called_back
+    }
+
+    /// What to ask each of the `live` workers: a drained one to drain for the rest of its time
+    /// (asked again each reconcile: a restarted worker drains anew, and the lapse moves on), one
+    /// `called_back` to stop draining (`0`); the others nothing.
+    pub(in crate::controller) fn requests<'a>(
+        &self,
+        live: impl IntoIterator<Item = &'a str>,
+        called_back: &[String],
+        now: Duration,
+    ) -> Vec<(&'a str, u64)> {
+        live.into_iter()
+            .filter_map(|name| match self.pods.get(name) {
+                Some(drained) => Some((name, self.lapse(drained.asked_at, now))),
+                None => called_back.iter().any(|c| c == name).then_some((name, 0)),
+            })
+            .collect()
+    }
+
+    /// Records the workers' answers: a drained worker is idle or busy as it says; one that
+    /// refused is not draining, and is not asked again for this drain.
+    pub(in crate::controller) fn answered(&mut self, answers: BTreeMap<String, Answer>) {
+        for (name, answer) in answers {
+            match (answer, self.pods.get_mut(&name)) {
+                (Answer::Draining { busy }, Some(drained)) => drained.idle = !busy,
+                (Answer::Refused, Some(_)) => {
+                    self.pods.remove(&name);
+                    self.refused.insert(name);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// How the wait ended, once: `None` while it holds, when it was told already, or when no
+    /// worker drains.
+    pub(in crate::controller) fn ended(&mut self, now: Duration) -> Option<Ended> {
+        if self.holds(now) || self.over || self.pods.is_empty() {
+            return None;
+        }
+        self.over = true;
+        let idle = self.pods.values().filter(|p| p.idle).count();
+        let first = self.pods.values().map(|p| p.asked_at).min().unwrap_or(now);
+        Some(Ended {
+            idle,
+            still_busy: self.pods.len() - idle,
+            waited: now.saturating_sub(first),
+        })
+    }
+}
+
+/// Takes out the drains of Deployments that no longer shrink (not among `shrinks`): called off,
+/// their workers are to take jobs again.
+pub(in crate::controller) fn called_off(
+    drains: &mut BTreeMap<String, Drain>,
+    shrinks: &[Shrink],
+) -> Vec<(String, Drain)> {
+    let off: Vec<String> = drains
+        .keys()
+        .filter(|d| !shrinks.iter().any(|s| s.deployment == **d))
+        .cloned()
+        .collect();
+    off.into_iter()
+        .filter_map(|d| drains.remove_entry(&d))
+        .collect()
+}
+
+/// How soon to come back for the pool's drains: soon while a drained worker is busy, before
+/// the drain lapses while all are idle; `None` without drains.
+pub(in crate::controller) fn requeue(
+    drains: &BTreeMap<String, Drain>,
+    now: Duration,
+) -> Option<Duration> {
+    if drains.values().any(|d| d.holds(now)) {
+        Some(DRAIN_POLL)
+    } else {
+        drains
+            .values()
+            .any(|d| !d.pods.is_empty())
+            .then_some(DRAIN_RENEW)
+    }
+}
+
+/// How long a shrink waits for its drained workers: [`JOB_TIMES`] × the longest mean job time of
+/// the lanes its workers serve, at least [`SHORTEST_DRAIN`], at most `cap`; `cap` when no served
+/// lane's job time is known.
+pub fn drain_timeout(served_job_seconds: &[f64], cap: Duration) -> Duration {
+    let longest = served_job_seconds
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .reduce(f64::max);
+    match longest {
+        Some(seconds) => Duration::try_from_secs_f64(seconds * JOB_TIMES)
+            .unwrap_or(cap)
+            .max(SHORTEST_DRAIN)
+            .min(cap),
+        None => cap,
+    }
+}
+
+/// A Pod that could be drained.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub name: String,
+    /// Running and Ready: the ReplicaSet controller deletes every other Pod first.
+    pub ready: bool,
+    /// Its idle-first cost: the lower, the sooner it is free.
+    pub cost: i32,
+    /// Draining already for this shrink.
+    pub draining: bool,
+}
+
+/// The Pods to drain for a shrink by `k`: the k the ReplicaSet controller will delete once
+/// they cost least. Pods that are not ready go first whatever their cost (a worker failing its
+/// readiness probe may still hold a job), then those draining already (they have stopped taking
+/// jobs), then the cheapest (idle, then the jobs that should end soonest).
+pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
+    let mut ranked: Vec<&Candidate> = candidates.iter().collect();
+    ranked.sort_by_key(|c| (c.ready, !c.draining, c.cost, c.name.clone()));
+    ranked.into_iter().take(k).map(|c| c.name.clone()).collect()
+}
+
+/// What a worker answered to a drain request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Answer {
+    /// It drains, and is busy or idle.
+    Draining { busy: bool },
+    /// It does not drain: an error status, or gauges without `lanepool_worker_draining 1` (a
+    /// server that answers every path with its metrics).
+    Refused,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAP: Duration = DEFAULT_DRAIN_TIMEOUT;
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn a_drain_waits_three_job_times_of_the_longest_served_lane_within_its_bounds() {
+        // Shared workers serving urgent (20 ms) and batch (3 s): 9 s.
+        assert_eq!(drain_timeout(&[0.02, 3.0], CAP), secs(9.0));
+        // Reserved workers of 20 ms jobs: the shortest drain.
+        assert_eq!(drain_timeout(&[0.02], CAP), SHORTEST_DRAIN);
+        // Hour-long jobs: the cap.
+        assert_eq!(drain_timeout(&[3600.0], CAP), CAP);
+        // No job time known (or none that makes sense): the cap.
+        assert_eq!(drain_timeout(&[], CAP), CAP);
+        assert_eq!(drain_timeout(&[f64::NAN, -1.0], CAP), CAP);
+        assert_eq!(drain_timeout(&[f64::NAN, 1.0], CAP), secs(3.0));
+        // A cap below the shortest drain still wins.
+        assert_eq!(drain_timeout(&[3.0], secs(1.0)), secs(1.0));
+    }
+
+    fn candidate(name: &str, ready: bool, cost: i32, draining: bool) -> Candidate {
+        Candidate {
+            name: name.into(),
+            ready,
+            cost,
+            draining,
+        }
+    }
+
+    #[test]
+    fn the_pods_not_ready_drain_first_then_the_cheapest_ready_workers() {
+        let pods = [
+            candidate("deep", true, 2900, false),
+            candidate("ending", true, 200, false),
+            candidate("idle", true, 0, false),
+            candidate("halfway", true, 1500, false),
+            candidate("starting", false, 0, false),
+        ];
+        // A shrink by 3: the Pod not ready goes first whatever its cost, then the cheapest.
+        assert_eq!(choose(&pods, 3), vec!["starting", "idle", "ending"]);
+        assert_eq!(choose(&pods, 1), vec!["starting"]);
+        assert_eq!(
+            choose(&pods[..4], 5),
+            vec!["idle", "ending", "halfway", "deep"]
+        );
+        // Among Pods none of which is ready (no kubelet has reported them), the cost decides.
+        let unready: Vec<Candidate> = pods
+            .iter()
+            .map(|c| Candidate {
+                ready: false,
+                ..c.clone()
+            })
+            .collect();
+        assert_eq!(choose(&unready, 2), vec!["idle", "starting"]);
+    }
+
+    #[test]
+    fn workers_draining_already_keep_draining_when_the_shrink_changes() {
+        let pods = [
+            candidate("a", true, 0, false),
+            candidate("b", true, 1500, true),
+            candidate("c", true, 2500, true),
+            candidate("d", true, 300, false),
+        ];
+        // Shrinking by 3 now instead of 2: both keep draining, and the cheapest other joins.
+        assert_eq!(choose(&pods, 3), vec!["b", "c", "a"]);
+        // By 1 instead of 2: the drained worker whose job should end soonest stays.
+        assert_eq!(choose(&pods, 1), vec!["b"]);
+    }
+
+    #[test]
+    fn a_drain_holds_the_shrink_until_its_workers_are_idle_or_their_time_is_up() {
+        let mut drain = Drain {
+            started: true,
+            to: 5,
+            timeout: secs(9.0),
+            pods: BTreeMap::from([
+                (
+                    "a".to_string(),
+                    Drained {
+                        asked_at: secs(100.0),
+                        idle: false,
+                    },
+                ),
+                (
+                    "b".to_string(),
+                    Drained {
+                        asked_at: secs(104.0),
+                        idle: true,
+                    },
+                ),
+            ]),
+            ..Default::default()
+        };
+        assert!(drain.holds(secs(108.9)));
+        assert!(!drain.holds(secs(109.0)), "a's time is up");
+        assert_eq!(drain.idle(), BTreeSet::from(["b".to_string()]));
+        drain.pods.get_mut("a").unwrap().idle = true;
+        assert!(!drain.holds(secs(101.0)));
+        // The worker holds off for the rest of the timeout and the margin, in whole seconds.
+        assert_eq!(drain.lapse(secs(100.0), secs(100.0)), 24);
+        assert_eq!(drain.lapse(secs(100.0), secs(107.5)), 17);
+        assert_eq!(drain.lapse(secs(100.0), secs(200.0)), 15);
+        // No drained worker (none took the request): nothing holds.
+        assert!(!Drain::default().holds(secs(0.0)));
+    }
+
+    #[test]
+    fn drains_bring_the_reconcile_back_soon_only_while_a_worker_is_busy() {
+        let busy = Drain {
+            timeout: secs(9.0),
+            pods: BTreeMap::from([(
+                "a".to_string(),
+                Drained {
+                    asked_at: secs(0.0),
+                    idle: false,
+                },
+            )]),
+            ..Default::default()
+        };
+        let mut drains = BTreeMap::from([("jobs-shared".to_string(), busy.clone())]);
+        assert_eq!(requeue(&drains, secs(1.0)), Some(DRAIN_POLL));
+        assert_eq!(requeue(&drains, secs(10.0)), Some(DRAIN_RENEW));
+        drains.clear();
+        assert_eq!(requeue(&drains, secs(1.0)), None);
+    }
+
+    #[test]
+    fn a_drain_chooses_its_workers_asks_them_and_reads_their_answers() {
+        let shrink = Shrink {
+            deployment: "jobs-shared".into(),
+            live: 4,
+            to: 2,
+            lanes: vec!["urgent".into(), "batch".into()],
+        };
+        let mut drain = Drain::default();
+        assert!(drain.starting(&shrink));
+        let pods = [
+            candidate("a", true, 0, false),
+            candidate("b", true, 1500, false),
+            candidate("c", true, 300, false),
+            candidate("d", true, 2900, false),
+        ];
+        let called_back = drain.start(&shrink, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(10.0));
+        assert!(called_back.is_empty());
+        assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["a", "c"]);
+        assert_eq!(drain.timeout, secs(9.0));
+        assert!(!drain.starting(&shrink), "chosen once for this count");
+        let live = ["a", "b", "c", "d"];
+        assert_eq!(
+            drain.requests(live, &called_back, secs(10.0)),
+            [("a", 24), ("c", 24)]
+        );
+        // c drains and is busy, a does not take drain requests: only c holds the shrink.
+        drain.answered(BTreeMap::from([
+            ("a".to_string(), Answer::Refused),
+            ("c".to_string(), Answer::Draining { busy: true }),
+        ]));
+        assert!(drain.refused.contains("a") && !drain.pods.contains_key("a"));
+        assert!(drain.holds(secs(11.0)));
+        assert_eq!(drain.ended(secs(11.0)), None);
+        // The shrink goes to 3 now: c stays, a (refused) is not chosen again.
+        let smaller = Shrink {
+            to: 3,
+            ..shrink.clone()
+        };
+        assert!(drain.starting(&smaller));
+        let called_back = drain.start(&smaller, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(12.0));
+        assert!(called_back.is_empty());
+        assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["c"]);
+        drain.answered(BTreeMap::from([(
+            "c".to_string(),
+            Answer::Draining { busy: false },
+        )]));
+        let ended = drain.ended(secs(13.0)).expect("c is idle");
+        assert_eq!(
+            (ended.idle, ended.still_busy, ended.waited),
+            (1, 0, secs(3.0))
+        );
+        assert_eq!(drain.ended(secs(14.0)), None, "told once");
+        // c is deleted meanwhile: nothing is left to hold the shrink.
+        drain.keep_live(["b", "d"]);
+        assert!(drain.pods.is_empty());
+    }
+
+    #[test]
+    fn a_shrink_called_off_ends_its_drain_and_calls_its_workers_back() {
+        let mut drains = BTreeMap::from([
+            (
+                "jobs-shared".to_string(),
+                Drain {
+                    started: true,
+                    to: 5,
+                    ..Default::default()
+                },
+            ),
+            (
+                "jobs-urgent-reserved".to_string(),
+                Drain {
+                    started: true,
+                    to: 1,
+                    ..Default::default()
+                },
+            ),
+        ]);
+        let still = [Shrink {
+            deployment: "jobs-shared".into(),
+            live: 7,
+            to: 5,
+            lanes: vec![],
+        }];
+        let off = called_off(&mut drains, &still);
+        assert_eq!(off.len(), 1);
+        assert_eq!(off[0].0, "jobs-urgent-reserved");
+        assert_eq!(drains.keys().collect::<Vec<_>>(), ["jobs-shared"]);
+        assert!(called_off(&mut drains, &[]).len() == 1 && drains.is_empty());
+        // Workers no longer chosen when a shrink gets smaller are called back with 0.
+        let mut drain = Drain::default();
+        let shrink = Shrink {
+            deployment: "d".into(),
+            live: 3,
+            to: 1,
+            lanes: vec![],
+        };
+        let pods = [
+            candidate("a", true, 0, false),
+            candidate("b", true, 0, false),
+            candidate("c", true, 9, false),
+        ];
+        drain.start(&shrink, &pods, &[], DEFAULT_DRAIN_TIMEOUT, secs(0.0));
+        let back = drain.start(
+            &Shrink { to: 2, ..shrink },
+            &pods,
+            &[],
+            DEFAULT_DRAIN_TIMEOUT,
+            secs(1.0),
+        );
+        assert_eq!(back, ["b"]);
+        assert_eq!(
+            drain.requests(["a", "b", "c"], &back, secs(1.0)),
+            [("a", 134), ("b", 0)]
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! The rollout, without I/O: from the decision, the live Deployments, this process's last
+//! counts and the surge's wait, what to write now and in which order. Growth goes out first and
+//! alone whenever a Deployment is to shrink (draining and ranking never delay new workers); a
+//! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`) and for the
+//! workers it stops to drain (`drain.rs`); each shrinking Deployment's Pods are ranked (`cost.rs`)
+//! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
+
+pub(super) mod cost;
+pub(super) mod drain;
+pub(super) mod grace;
+pub(super) mod surge;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+
+use super::workers::{Role, pool_roles, spec_replicas};
+use crate::api::LanePool;
+use crate::sizing::Replicas;
+
+/// How the operator rolls a decision out (from its flags).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Rules {
+    /// How long a shrink waits for the growing Deployments to be ready; zero: no wait.
+    pub(super) surge_timeout: Duration,
+    /// Rank a shrinking Deployment's Pods so idle workers go first.
+    pub(super) rank: bool,
+    /// Drain the workers a shrink stops before it goes.
+    pub(super) drain: bool,
+}
+
+/// A Deployment about to shrink: its name, the count it has and the one it shrinks to, and the
+/// lanes its workers serve.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Shrink {
+    pub(super) deployment: String,
+    pub(super) live: i32,
+    pub(super) to: i32,
+    pub(super) lanes: Vec<String>,
+}
+
+/// Where a surge stands, as the pool's memory has it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Surge {
+    /// How long a shrink has waited for the growing Deployments (`None`: none waits).
+    pub(super) waited: Option<Duration>,
+    /// The Deployments that grew for the waiting shrink.
+    pub(super) taking_over: BTreeSet<String>,
+}
+
+/// One reconcile's way to the decided counts.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Rollout {
+    /// The counts of this step of the surge: growth at once, a shrink once the others are ready.
+    pub(super) step: Replicas,
+    /// A shrink waits for the growing Deployments.
+    pub(super) waiting: bool,
+    /// The Deployments growing in this surge, whose readiness a shrink waits for: remembered
+    /// while it waits (once grown, a Deployment's count is its target, but it still takes over).
+    pub(super) taking_over: BTreeSet<String>,
+    /// The Deployments the decision shrinks, whether or not the surge lets them shrink yet: their
+    /// workers drain meanwhile. Empty when the operator does not drain.
+    pub(super) shrinks: Vec<Shrink>,
+    /// What to write before any shrinking Deployment's Pod is asked anything: the step with every
+    /// shrink held. `None` when nothing is to shrink (the step goes out in one write).
+    pub(super) growth: Option<Replicas>,
+}
+
+/// What goes out once the drains have answered.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Release {
+    /// The step, with each shrink a drain holds kept at its live count.
+    pub(super) replicas: Replicas,
+    /// The Deployments that shrink with this write: their Pods are ranked first, and their drains
+    /// end with it. Empty when the operator does not rank.
+    pub(super) shrinking: Vec<String>,
+}
+
+/// The way from the `live` Deployments to `decided`. A shrink starts from what this process
+/// applied last (`own`), so a count someone else set is restored at once rather than waited on;
+/// after a restart, from the Deployments. `surge`: how far a waiting shrink's surge has come.
+pub(super) fn rollout(
+    pool: &LanePool,
+    live: &BTreeMap<String, Deployment>,
+    decided: &Replicas,
+    own: Option<&Replicas>,
+    surge: &Surge,
+    rules: Rules,
+) -> Rollout {
+    let roles = pool_roles(pool, decided);
+    let own = counts_by_name(pool, own);
+    let counts: Vec<surge::Counts> = roles
+        .iter()
+        .map(|(name, _, target)| {
+            let deployment = live.get(name);
+            let count = deployment
+                .and(own.get(name).copied())
+                .or_else(|| deployment.and_then(spec_replicas));
+            surge::Counts {
+                target: *target,
+                live: count,
+                ready: deployment.map_or(0, ready_replicas),
+                takes_over: count.is_none_or(|count| *target > count)
+                    || surge.taking_over.contains(name),
+            }
+        })
+        .collect();
+    let taking_over = roles
+        .iter()
+        .zip(&counts)
+        .filter(|(_, c)| c.takes_over && c.live.is_none_or(|live| c.target >= live))
+        .map(|((name, _, _), _)| name.clone())
+        .collect();
+    let step_now = surge::step(&counts, surge.waited, rules.surge_timeout);
+    let shrinks = roles
+        .iter()
+        .zip(&counts)
+        .filter(|_| rules.drain)
+        .filter_map(|((name, role, _), c)| {
+            let live = c.live.filter(|live| c.target < *live)?;
+            Some(Shrink {
+                deployment: name.clone(),
+                live,
+                to: c.target,
+                lanes: match role {
+                    Role::Reserved { lane } => vec![lane.clone()],
+                    Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),
+                },
+            })
+        })
+        .collect::<Vec<_>>();
+    let mut step = decided.clone();
+    for ((_, role, _), count) in roles.iter().zip(step_now.apply) {
+        set(&mut step, role, count);
+    }
+    let shrinking_now = rules.rank && !shrinking(pool, live, &step).is_empty();
+    let growth = (!shrinks.is_empty() || shrinking_now).then(|| hold(pool, live, &step, |_| true));
+    Rollout {
+        step,
+        waiting: step_now.waiting,
+        taking_over,
+        shrinks,
+        growth,
+    }
+}
+
+impl Rollout {
+    /// What goes out now that the drains said which shrinks they still hold (`held`).
+    pub(super) fn release(
+        &self,
+        pool: &LanePool,
+        live: &BTreeMap<String, Deployment>,
+        held: &BTreeSet<String>,
+        rules: Rules,
+    ) -> Release {
+        let replicas = hold(pool, live, &self.step, |d| held.contains(d));
+        let shrinking = if rules.rank {
+            shrinking(pool, live, &replicas)
+        } else {
+            Vec::new()
+        };
+        Release {
+            replicas,
+            shrinking,
+        }
+    }
+}
+
+/// Replica counts by Deployment name; empty without counts.
+fn counts_by_name(pool: &LanePool, replicas: Option<&Replicas>) -> BTreeMap<String, i32> {
+    replicas
+        .map(|r| pool_roles(pool, r))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
+        .collect()
+}
+
+fn ready_replicas(deployment: &Deployment) -> i32 {
+    deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0)
+}
+
+fn set(replicas: &mut Replicas, role: &Role, count: i32) {
+    match role {
+        Role::Reserved { lane } => {
+            replicas.reserved.insert(lane.clone(), count);
+        }
+        Role::Shared => replicas.shared = count,
+    }
+}
+
+/// The Deployments that `replicas` shrinks.
+fn shrinking(
+    pool: &LanePool,
+    live: &BTreeMap<String, Deployment>,
+    replicas: &Replicas,
+) -> Vec<String> {
+    pool_roles(pool, replicas)
+        .into_iter()
+        .filter(|(name, _, count)| {
+            live.get(name)
+                .and_then(spec_replicas)
+                .is_some_and(|live| *count < live)
+        })
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
+/// `replicas` with the shrinking Deployments that `held_back` names kept at their live counts.
+fn hold(
+    pool: &LanePool,
+    live: &BTreeMap<String, Deployment>,
+    replicas: &Replicas,
+    held_back: impl Fn(&str) -> bool,
+) -> Replicas {
+    let mut held = replicas.clone();
+    for (name, role, count) in pool_roles(pool, replicas) {
+        let Some(live) = live.get(&name).and_then(spec_replicas) else {
+            continue;
+        };
+        if count < live && held_back(&name) {
+            set(&mut held, &role, live);
+        }
+    }
+    held
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,288 @@
+//! The ordering rules of a rollout, which the real-cluster tests otherwise check end to end.
+
+use super::*;
+use crate::controller::workers::worker_deployments;
+use k8s_openapi::api::apps::v1::DeploymentStatus;
+use kube::ResourceExt;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const DRAIN_AND_RANK: Rules = Rules {
+    surge_timeout: TIMEOUT,
+    rank: true,
+    drain: true,
+};
+
+fn pool() -> LanePool {
+    let mut pool: LanePool =
+        serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap();
+    pool.metadata.namespace = Some("team".into());
+    pool
+}
+
+fn replicas(reserved: i32, shared: i32) -> Replicas {
+    Replicas {
+        reserved: BTreeMap::from([("urgent".into(), reserved)]),
+        shared,
+    }
+}
+
+/// The pool's Deployments at `counts`, each with `ready` of its reserve and shared workers ready.
+fn live(counts: &Replicas, ready: &Replicas) -> BTreeMap<String, Deployment> {
+    let ready: BTreeMap<String, i32> = pool_roles(&pool(), ready)
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
+        .collect();
+    worker_deployments(&pool(), counts)
+        .into_iter()
+        .map(|mut d| {
+            d.status = Some(DeploymentStatus {
+                ready_replicas: ready.get(&d.name_any()).copied(),
+                ..Default::default()
+            });
+            (d.name_any(), d)
+        })
+        .collect()
+}
+
+#[test]
+fn growth_goes_out_alone_before_anything_of_a_shrinking_deployment() {
+    let now = replicas(1, 9);
+    let live = live(&now, &now);
+    let decided = replicas(3, 7);
+    let rollout = rollout(
+        &pool(),
+        &live,
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    let growth = rollout.growth.expect("shared shrinks: growth goes first");
+    assert_eq!(
+        growth,
+        replicas(3, 9),
+        "the reserve grows at once, shared waits"
+    );
+    assert_eq!(
+        rollout.shrinks,
+        [Shrink {
+            deployment: "jobs-shared".into(),
+            live: 9,
+            to: 7,
+            lanes: vec!["urgent".into(), "batch".into()],
+        }]
+    );
+}
+
+#[test]
+fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_drains_meanwhile() {
+    let now = replicas(1, 9);
+    let decided = replicas(3, 7);
+    // The reserve grows 1 → 3: the shared shrink waits for it, and its drain starts meanwhile.
+    let first = rollout(
+        &pool(),
+        &live(&now, &now),
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    assert!(first.waiting);
+    assert_eq!(first.step, replicas(3, 9));
+    assert_eq!(
+        first.shrinks.len(),
+        1,
+        "the drain starts while the surge waits"
+    );
+    assert_eq!(
+        first.taking_over,
+        BTreeSet::from(["jobs-urgent-reserved".to_string()])
+    );
+    // Grown to 3, only 1 ready: still waiting, for the Deployment it remembers.
+    let grown = replicas(3, 9);
+    let surge = Surge {
+        waited: Some(Duration::from_secs(5)),
+        taking_over: first.taking_over.clone(),
+    };
+    let growing = live(&grown, &now);
+    let waiting = rollout(
+        &pool(),
+        &growing,
+        &decided,
+        Some(&grown),
+        &surge,
+        DRAIN_AND_RANK,
+    );
+    assert!(waiting.waiting);
+    assert_eq!(waiting.step, grown);
+    // Ready: the shrink may go.
+    let ready = live(&grown, &grown);
+    let go = rollout(
+        &pool(),
+        &ready,
+        &decided,
+        Some(&grown),
+        &surge,
+        DRAIN_AND_RANK,
+    );
+    assert!(!go.waiting);
+    assert_eq!(go.step, decided);
+    // Never ready: the surge's timeout ends the wait.
+    let over = Surge {
+        waited: Some(TIMEOUT),
+        ..surge.clone()
+    };
+    let timed_out = rollout(
+        &pool(),
+        &growing,
+        &decided,
+        Some(&grown),
+        &over,
+        DRAIN_AND_RANK,
+    );
+    assert!(!timed_out.waiting);
+    assert_eq!(timed_out.step, decided);
+}
+
+#[test]
+fn a_reserve_shrink_never_waits_for_shared_workers_that_do_not_change() {
+    // Fixed shared workers, one stuck Pending: the reserve shrinks 3 → 1 at once.
+    let now = replicas(3, 8);
+    let stuck = live(&now, &replicas(3, 7));
+    let decided = replicas(1, 8);
+    let rollout = rollout(
+        &pool(),
+        &stuck,
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    assert!(!rollout.waiting);
+    assert_eq!(rollout.step, decided);
+}
+
+#[test]
+fn a_drain_holds_its_shrink_and_only_the_shrinks_that_go_are_ranked() {
+    let now = replicas(3, 9);
+    let live = live(&now, &now);
+    let decided = replicas(3, 7);
+    let rollout = rollout(
+        &pool(),
+        &live,
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    let held = rollout.release(
+        &pool(),
+        &live,
+        &BTreeSet::from(["jobs-shared".into()]),
+        DRAIN_AND_RANK,
+    );
+    assert_eq!(held.replicas, now, "held at its live count");
+    assert!(
+        held.shrinking.is_empty(),
+        "nothing is ranked for a shrink that waits"
+    );
+    let released = rollout.release(&pool(), &live, &BTreeSet::new(), DRAIN_AND_RANK);
+    assert_eq!(released.replicas, decided);
+    assert_eq!(released.shrinking, ["jobs-shared"]);
+}
+
+#[test]
+fn a_shrink_called_off_ends_its_drain() {
+    let now = replicas(3, 9);
+    let live = live(&now, &now);
+    let shrinking = rollout(
+        &pool(),
+        &live,
+        &replicas(3, 7),
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    let mut drains = BTreeMap::from([(
+        "jobs-shared".to_string(),
+        drain::Drain {
+            started: true,
+            to: 7,
+            ..Default::default()
+        },
+    )]);
+    assert!(drain::called_off(&mut drains, &shrinking.shrinks).is_empty());
+    // The load came back before the shrink went: the decision keeps 9 shared workers.
+    let kept = rollout(
+        &pool(),
+        &live,
+        &now,
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    assert!(kept.shrinks.is_empty() && kept.growth.is_none());
+    let off = drain::called_off(&mut drains, &kept.shrinks);
+    assert_eq!(off.len(), 1, "its workers are called back");
+    assert!(drains.is_empty());
+}
+
+#[test]
+fn without_drains_or_ranking_a_step_goes_out_in_one_write() {
+    let now = replicas(1, 9);
+    let live = live(&now, &now);
+    let decided = replicas(3, 7);
+    let plain = Rules {
+        surge_timeout: Duration::ZERO,
+        rank: false,
+        drain: false,
+    };
+    let rollout = rollout(
+        &pool(),
+        &live,
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        plain,
+    );
+    assert_eq!(rollout.step, decided, "no surge: the shrink goes at once");
+    assert!(rollout.shrinks.is_empty() && rollout.growth.is_none());
+    let release = rollout.release(&pool(), &live, &BTreeSet::new(), plain);
+    assert!(release.shrinking.is_empty());
+    // Ranking alone still writes the growth first.
+    let rank = Rules {
+        rank: true,
+        ..plain
+    };
+    let ranked = super::rollout(
+        &pool(),
+        &live,
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        rank,
+    );
+    assert!(ranked.shrinks.is_empty());
+    assert_eq!(ranked.growth, Some(replicas(3, 9)));
+}
+
+#[test]
+fn a_count_someone_else_set_is_restored_at_once() {
+    // The operator applied 9 shared; someone scaled it to 12. The decision keeps 9: growing back
+    // from 12 to 9 is a restore, not a shrink that waits on this process's own last count.
+    let own = replicas(3, 9);
+    let live = live(&replicas(3, 12), &replicas(3, 12));
+    let rollout = rollout(
+        &pool(),
+        &live,
+        &own,
+        Some(&own),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    assert!(
+        rollout.shrinks.is_empty(),
+        "from the operator's own 9 nothing shrinks"
+    );
+    assert_eq!(rollout.step, own);
+}

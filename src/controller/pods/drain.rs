@@ -1,0 +1,186 @@
+//! Drained scale-downs, the asking: before a Deployment shrinks by k, the k workers the idle-first
+//! ranking would stop first are asked at their `metrics` port to take no new job
+//! (`POST /drain?seconds=N`), and that Deployment's shrink waits, across reconciles, until they
+//! report `lanepool_worker_busy 0` or the drain timeout ends; they then cost least to delete. A
+//! worker that does not drain (a 404, no answer, no `lanepool_worker_draining 1` in its answer)
+//! is ranked as before. Which workers, how long and what an answer means: `plan/drain.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::rank::{LastMeasured, read_work};
+use super::text::read_answer;
+use super::{PoolPods, Worker};
+use crate::api::LanePool;
+use crate::controller::context::Context;
+use crate::controller::plan::Shrink;
+use crate::controller::plan::drain::{self, Answer, Candidate, Drain};
+use crate::duration::human_seconds;
+
+/// Asks each of `workers` to drain for its seconds (`0`: stop draining); their answers by name
+/// (`Refused` too for a worker with no metrics port, no answer in time, or a redirect).
+async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<String, Answer> {
+    let mut answers = BTreeMap::new();
+    let mut reachable = Vec::new();
+    for (worker, seconds) in workers {
+        match &worker.address {
+            Some(address) => reachable.push((worker.name.clone(), address.clone(), seconds)),
+            None => {
+                answers.insert(worker.name.clone(), Answer::Refused);
+            }
+        }
+    }
+    for (name, answer) in pods.post_drains(reachable).await {
+        let answer = match answer {
+            Ok((status, text)) => read_answer(status, &text),
+            Err(_) => Answer::Refused,
+        };
+        answers.insert(name, answer);
+    }
+    answers
+}
+
+/// Advances the drains of the pool's shrinking Deployments (`shrinks`, as decided, whether or
+/// not the surge lets them go yet) and calls off those of Deployments that no longer shrink.
+/// Returns the Deployments whose shrink must still wait for its drained workers.
+pub(in crate::controller) async fn drain_before_shrinks(
+    pool: &LanePool,
+    ctx: &Context,
+    pods: &PoolPods<'_>,
+    measured: LastMeasured<'_>,
+    drains: &mut BTreeMap<String, Drain>,
+    shrinks: &[Shrink],
+    now: Duration,
+) -> BTreeSet<String> {
+    for (deployment, drain) in drain::called_off(drains, shrinks) {
+        // Best effort: a worker not reached now takes jobs again when its drain lapses.
+        if let Ok(live) = pods.workers_of(&deployment).await {
+            let back = live
+                .into_iter()
+                .filter(|w| drain.pods.contains_key(&w.name))
+                .map(|w| (w, 0))
+                .collect();
+            ask(pods, back).await;
+        }
+        info!(
+            deployment,
+            workers = drain.pods.len(),
+            "drain called off: the Deployment no longer shrinks; its workers take jobs again"
+        );
+    }
+    let mut held = BTreeSet::new();
+    for shrink in shrinks {
+        let drain = drains.entry(shrink.deployment.clone()).or_default();
+        if advance(pool, ctx, pods, measured, drain, shrink, now).await {
+            held.insert(shrink.deployment.clone());
+        }
+    }
+    held
+}
+
+/// One reconcile of one Deployment's drain: choose its workers (at the start, or when the count
+/// it shrinks to changed), ask them (again: a restarted worker drains anew, and the drain's
+/// lapse moves on), and say whether the shrink still waits.
+async fn advance(
+    pool: &LanePool,
+    ctx: &Context,
+    pods: &PoolPods<'_>,
+    measured: LastMeasured<'_>,
+    drain: &mut Drain,
+    shrink: &Shrink,
+    now: Duration,
+) -> bool {
+    let deployment = shrink.deployment.as_str();
+    // Only the Deployment's own workers: a Pod that merely carries its labels takes no slot.
+    let live = match pods.workers_of(deployment).await {
+        Ok(live) => live,
+        Err(error) => {
+            warn!(deployment, %error, "drained workers not asked");
+            return drain.holds(now);
+        }
+    };
+    drain.keep_live(live.iter().map(|w| w.name.as_str()));
+    let starting = drain.starting(shrink);
+    let mut called_back = Vec::new();
+    if starting {
+        let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+            warn!(
+                deployment,
+                "workers not drained: no worker answered; ranked only"
+            );
+            return drain.holds(now);
+        };
+        let served: Vec<f64> = shrink
+            .lanes
+            .iter()
+            .filter_map(|lane| reading.job_seconds.get(lane).copied())
+            .collect();
+        let candidates: Vec<Candidate> = live
+            .iter()
+            .map(|w| Candidate {
+                name: w.name.clone(),
+                ready: w.ready,
+                cost: reading.cost(&w.name),
+                draining: drain.pods.contains_key(&w.name),
+            })
+            .collect();
+        called_back = drain.start(
+            shrink,
+            &candidates,
+            &served,
+            ctx.settings.drain_timeout,
+            now,
+        );
+    }
+    let by_name: BTreeMap<&str, &Worker> = live.iter().map(|w| (w.name.as_str(), *w)).collect();
+    let requests = drain
+        .requests(by_name.keys().copied(), &called_back, now)
+        .into_iter()
+        .filter_map(|(name, seconds)| Some((*by_name.get(name)?, seconds)))
+        .collect();
+    drain.answered(ask(pods, requests).await);
+    if starting && !drain.pods.is_empty() {
+        let names: Vec<&str> = drain.pods.keys().map(String::as_str).collect();
+        let note = format!(
+            "{} {} finish their jobs and take no new ones before Deployment {deployment} shrinks \
+             {} → {} (at most {}): {}",
+            drain.pods.len(),
+            workers_of(shrink),
+            shrink.live,
+            shrink.to,
+            human_seconds(drain.timeout.as_secs_f64()),
+            names.join(", ")
+        );
+        info!(deployment, workers = drain.pods.len(), timeout = ?drain.timeout, refused = drain.refused.len(), "{note}");
+        ctx.event(pool, EventType::Normal, "Draining", note).await;
+    } else if starting && !drain.refused.is_empty() {
+        info!(
+            deployment,
+            refused = drain.refused.len(),
+            "workers not drained: they do not take drain requests; ranked only"
+        );
+    }
+    if let Some(ended) = drain.ended(now) {
+        info!(
+            deployment,
+            idle = ended.idle,
+            still_busy = ended.still_busy,
+            ms = ended.waited.as_millis() as u64,
+            "drained: the shrink may go ahead"
+        );
+    }
+    drain.holds(now)
+}
+
+/// "shared workers" or "reserved workers of lane L", for the event.
+fn workers_of(shrink: &Shrink) -> String {
+    match shrink.lanes.as_slice() {
+        [lane] if shrink.deployment.ends_with("-reserved") => {
+            format!("reserved workers of lane {lane}")
+        }
+        _ => "shared workers".into(),
+    }
+}

@@ -1,0 +1,146 @@
+//! Idle workers go first: just before a Deployment shrinks, its Pods get the annotation
+//! `controller.kubernetes.io/pod-deletion-cost` from what each worker is doing (the cost model is
+//! `plan/cost.rs`), so the ReplicaSet controller removes idle workers first, then those whose jobs
+//! should end soonest. Each worker is asked itself (the freshest answer: a scrape is up to a
+//! scrape interval old, longer than many jobs); one that does not answer in time is read from the
+//! pool's Prometheus instead. Only workers of a Deployment about to shrink are read or written,
+//! and only those whose cost changes; a failure here never holds a shrink back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::{info, warn};
+
+use super::text::parse_gauges;
+use super::{PoolPods, Worker};
+use crate::api::LanePool;
+use crate::controller::context::Context;
+use crate::controller::measure::busy_workers;
+use crate::controller::plan::cost::{
+    Reading, Sample, Work, busy_pods, cost_changes, expected_left,
+};
+use crate::controller::plan::grace::grace_seconds;
+use crate::prometheus::Connection;
+
+/// What the pool's last measurement knows that a ranking needs: how to reach its Prometheus
+/// (for workers that do not answer) and every lane's mean job time.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::controller) struct LastMeasured<'m> {
+    pub(in crate::controller) connection: Option<&'m Connection>,
+    pub(in crate::controller) job_seconds: &'m BTreeMap<String, f64>,
+}
+
+/// Asks each worker that has a metrics port for its gauges; the answers, labelled by pod name.
+async fn ask_workers(pods: &PoolPods<'_>, workers: &[&Worker]) -> (Vec<Sample>, Vec<Sample>) {
+    pods.metrics_texts(workers).await.into_iter().fold(
+        Default::default(),
+        |(mut busy, mut started), (name, text)| {
+            let (b, s) = parse_gauges(&text, &name);
+            busy.extend(b);
+            started.extend(s);
+            (busy, started)
+        },
+    )
+}
+
+/// Asks each of `live` (and Prometheus for those that do not answer) what it is doing; `None`
+/// when no one could say.
+pub(in crate::controller) async fn read_work(
+    pool: &LanePool,
+    ctx: &Context,
+    pods: &PoolPods<'_>,
+    measured: LastMeasured<'_>,
+    deployment: &str,
+    live: &[&Worker],
+) -> Option<Reading> {
+    // Each worker asked now, and Prometheus (a scrape old) only for those that did not answer.
+    let (busy, job_started) = ask_workers(pods, live).await;
+    let mut work = busy_pods(&busy, &job_started);
+    let answered = work.len();
+    if live.iter().any(|w| !work.contains_key(&w.name)) {
+        match busy_workers(ctx, measured.connection, pool, deployment).await {
+            Some((busy, job_started)) => {
+                for (pod, scraped) in busy_pods(&busy, &job_started) {
+                    work.entry(pod).or_insert(scraped);
+                }
+            }
+            None if answered == 0 => return None,
+            None => {}
+        }
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    Some(Reading {
+        work,
+        job_seconds: measured.job_seconds.clone(),
+        now,
+        answered,
+    })
+}
+
+/// Ranks the workers of `deployment` for deletion, the `drained` ones first of all: no other Pod
+/// is asked or annotated. Logs and gives up on any failure: the shrink goes ahead either way, as
+/// it would without this step.
+pub(in crate::controller) async fn rank_before_shrink(
+    pool: &LanePool,
+    ctx: &Context,
+    pods: &PoolPods<'_>,
+    measured: LastMeasured<'_>,
+    deployment: &str,
+    drained: &BTreeSet<String>,
+) {
+    let started = std::time::Instant::now();
+    let live = match pods.workers_of(deployment).await {
+        Ok(live) => live,
+        Err(error) => {
+            warn!(deployment, %error, "Pods not ranked before the shrink");
+            return;
+        }
+    };
+    if live.is_empty() {
+        return;
+    }
+    let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+        warn!(
+            deployment,
+            "Pods not ranked before the shrink: no worker answered"
+        );
+        return;
+    };
+    let Reading {
+        work,
+        job_seconds,
+        now,
+        answered,
+    } = &reading;
+    let names: Vec<(String, Option<String>)> = live
+        .iter()
+        .map(|w| (w.name.clone(), w.deletion_cost.clone()))
+        .collect();
+    let changes = cost_changes(&names, work, job_seconds, drained, *now);
+    let busy_count = names
+        .iter()
+        .filter(|(name, _)| matches!(work.get(name), Some(Work::Busy { .. })))
+        .count();
+    let grace = grace_seconds(pool) as f64;
+    let ending = names
+        .iter()
+        .filter(|(name, _)| {
+            expected_left(work.get(name), job_seconds, *now).is_some_and(|left| left <= grace)
+        })
+        .count();
+    let patched = pods.set_deletion_costs(changes).await;
+    info!(
+        deployment,
+        pods = live.len(),
+        busy = busy_count,
+        patched,
+        ms = started.elapsed().as_millis() as u64,
+        answered,
+        ending_within_grace = ending,
+        drained = drained.len(),
+        "Pods ranked before the shrink: idle workers go first"
+    );
+}

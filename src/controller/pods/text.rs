@@ -1,0 +1,222 @@
+//! Reading what workers answer, in the Prometheus text format: every sample of a `/metrics`
+//! text, the gauges of the idle-first ranking, the finished-job counts of the reads and the answer
+//! to a drain request. An answer is already capped in bytes and lines (`http.rs`); here nothing of
+//! it is kept beyond what the pool's lanes and the protocol's names ask for.
+
+use std::collections::BTreeMap;
+
+use crate::controller::plan::cost::Sample;
+use crate::controller::plan::drain::Answer;
+use crate::controller::protocol::{BUSY_METRIC, DRAINING_METRIC, FINISHED_METRIC, STARTED_METRIC};
+
+/// The most busy and job-start series kept of one worker's answer.
+const MOST_SERIES: usize = 64;
+
+/// Every sample of a `/metrics` text (the Prometheus text format): name, labels and value.
+pub(in crate::controller) fn sample_lines(
+    text: &str,
+) -> impl Iterator<Item = (&str, BTreeMap<String, String>, f64)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(parse_sample_line)
+        .filter_map(|(name, labels, rest)| {
+            let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+            Some((name, labels, value))
+        })
+}
+
+/// The values of `metric`'s series in a worker's `/metrics` text (the Prometheus text format).
+pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
+    sample_lines(text)
+        .filter(|(name, _, _)| *name == metric)
+        .map(|(_, _, value)| value)
+        .collect()
+}
+
+/// The busy and job-start series of a worker's `/metrics` text (the Prometheus text format),
+/// each labelled `pod` as Prometheus would label them.
+/// An answer with more than [`MOST_SERIES`] of them says nothing (a worker runs one job at a
+/// time: a few series are all it has).
+pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Sample>, Vec<Sample>) {
+    let (mut busy, mut started) = (Vec::new(), Vec::new());
+    for (name, mut labels, value) in sample_lines(text) {
+        labels.insert("pod".into(), pod.into());
+        match name {
+            BUSY_METRIC => busy.push((labels, value)),
+            STARTED_METRIC => started.push((labels, value)),
+            _ => continue,
+        }
+        if busy.len() + started.len() > MOST_SERIES {
+            return Default::default();
+        }
+    }
+    (busy, started)
+}
+
+/// `name{label="value",…} rest` → (name, labels, rest); `None` if it is not such a line.
+fn parse_sample_line(line: &str) -> Option<(&str, BTreeMap<String, String>, &str)> {
+    let end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let (name, mut rest) = line.split_at(end);
+    let mut labels = BTreeMap::new();
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices().peekable();
+        loop {
+            // A label name, `=`, a quoted value with \\ \" \n escapes; then `,` or `}`.
+            while chars
+                .next_if(|(_, c)| *c == ',' || c.is_whitespace())
+                .is_some()
+            {}
+            let (start, c) = chars.next()?;
+            if c == '}' {
+                rest = &inner[start + 1..];
+                break;
+            }
+            let mut key = String::from(c);
+            while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=') {
+                key.push(c);
+            }
+            chars.next()?; // '='
+            if chars.next()?.1 != '"' {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '"' => break,
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        other => value.push(other),
+                    },
+                    other => value.push(other),
+                }
+            }
+            labels.insert(key.trim().to_string(), value);
+        }
+    }
+    Some((name, labels, rest))
+}
+
+/// The finished-job counts of `lanes` in a worker's `/metrics` text; `None` when it exports none
+/// (a worker that leaves counting to its queue), so that it is never read as zero. A `lane` not
+/// the pool's is dropped here, before anything is kept of it.
+pub fn finished_counts(text: &str, lanes: &[String]) -> Option<BTreeMap<String, f64>> {
+    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
+    let mut exported = text
+        .lines()
+        .any(|l| l.starts_with("# TYPE lanepool_job_duration_seconds "));
+    for (name, labels, value) in sample_lines(text) {
+        if name != FINISHED_METRIC || !value.is_finite() || value < 0.0 {
+            continue;
+        }
+        exported = true;
+        if let Some(lane) = labels.get("lane").filter(|l| lanes.contains(l)) {
+            *counts.entry(lane.clone()).or_default() += value;
+        }
+    }
+    exported.then_some(counts)
+}
+
+/// Reads a worker's answer to `POST /drain?seconds=N` (`0`: an answer to calling it off).
+pub fn read_answer(status: u16, text: &str) -> Answer {
+    let draining = gauge_values(text, DRAINING_METRIC).iter().any(|v| *v > 0.0);
+    if status != 200 || !draining {
+        return Answer::Refused;
+    }
+    Answer::Draining {
+        busy: gauge_values(text, BUSY_METRIC).iter().any(|v| *v > 0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::plan::cost::{Work, busy_pods};
+
+    fn series(pod: &str, lane: &str, value: f64) -> Sample {
+        let mut labels = BTreeMap::from([("pod".to_string(), pod.to_string())]);
+        if !lane.is_empty() {
+            labels.insert("lane".into(), lane.into());
+        }
+        (labels, value)
+    }
+
+    #[test]
+    fn a_workers_own_answer_is_read_as_prometheus_would_label_it() {
+        let text = "# HELP lanepool_worker_busy 1 while the worker runs a job\n\
+                    # TYPE lanepool_worker_busy gauge\n\
+                    lanepool_worker_busy{lane=\"batch\"} 1\n\
+                    lanepool_worker_job_started_timestamp_seconds{lane=\"batch\",note=\"a \\\"q\\\", b}\"} 1800000000.250 1700000000000\n\
+                    lanepool_worker_busy_other 7\n\
+                    lanepool_worker_busy{broken 1\n";
+        let (busy, started) = parse_gauges(text, "jobs-shared-x");
+        assert_eq!(busy, vec![series("jobs-shared-x", "batch", 1.0)]);
+        let mut expected = series("jobs-shared-x", "batch", 1_800_000_000.25);
+        expected.0.insert("note".into(), "a \"q\", b}".into());
+        assert_eq!(started, vec![expected]);
+        let (busy, started) = parse_gauges("lanepool_worker_busy 0\n", "idle");
+        assert_eq!(busy, vec![series("idle", "", 0.0)]);
+        assert!(started.is_empty());
+        let work = busy_pods(&busy, &started);
+        assert_eq!(work.get("idle"), Some(&Work::Idle));
+        let many = "lanepool_worker_busy{lane=\"x\"} 1\n".repeat(MOST_SERIES + 1);
+        assert_eq!(
+            parse_gauges(&many, "p"),
+            Default::default(),
+            "too many series"
+        );
+    }
+
+    #[test]
+    fn a_workers_counts_are_read_by_lane_and_a_worker_without_them_says_nothing() {
+        let text = "# TYPE lanepool_job_duration_seconds histogram\n\
+            lanepool_job_duration_seconds_bucket{lane=\"urgent\",le=\"0.05\"} 40\n\
+            lanepool_job_duration_seconds_count{lane=\"urgent\"} 42\n\
+            lanepool_job_duration_seconds_sum{lane=\"urgent\"} 0.84\n\
+            lanepool_job_duration_seconds_count{lane=\"batch\"} 7\n";
+        let lanes = ["urgent".to_string(), "batch".to_string()];
+        let counts = finished_counts(text, &lanes).unwrap_or_default();
+        assert_eq!(counts.get("urgent"), Some(&42.0));
+        assert_eq!(counts.get("batch"), Some(&7.0));
+        let declared_no_jobs_yet = "# TYPE lanepool_job_duration_seconds histogram\n";
+        assert_eq!(
+            finished_counts(declared_no_jobs_yet, &lanes),
+            Some(BTreeMap::new())
+        );
+        assert_eq!(finished_counts("lanepool_worker_busy 1\n", &lanes), None);
+    }
+
+    #[test]
+    fn only_the_pools_own_lanes_are_kept_of_a_workers_counts() {
+        let mut text = String::from("lanepool_job_duration_seconds_count{lane=\"urgent\"} 3\n");
+        for i in 0..1000 {
+            text.push_str(&format!(
+                "lanepool_job_duration_seconds_count{{lane=\"made-up-{i}\"}} 1\n"
+            ));
+        }
+        let counts = finished_counts(&text, &["urgent".to_string()]);
+        assert_eq!(counts, Some(BTreeMap::from([("urgent".to_string(), 3.0)])));
+    }
+
+    #[test]
+    fn only_a_worker_that_says_it_drains_is_draining() {
+        let gauges = "# HELP lanepool_worker_busy …\n\
+                      lanepool_worker_busy{lane=\"batch\"} 1\n\
+                      lanepool_worker_job_started_timestamp_seconds{lane=\"batch\"} 1800000000.000\n\
+                      lanepool_worker_draining 1\n";
+        assert_eq!(read_answer(200, gauges), Answer::Draining { busy: true });
+        let idle = "lanepool_worker_busy 0\nlanepool_worker_draining 1\n";
+        assert_eq!(read_answer(200, idle), Answer::Draining { busy: false });
+        // A 404, or a server answering every path with gauges that do not say it drains.
+        assert_eq!(read_answer(404, "not found\n"), Answer::Refused);
+        assert_eq!(
+            read_answer(200, "lanepool_worker_busy 1\n"),
+            Answer::Refused
+        );
+        assert_eq!(
+            read_answer(200, "lanepool_worker_busy 0\nlanepool_worker_draining 0\n"),
+            Answer::Refused
+        );
+        assert_eq!(read_answer(500, idle), Answer::Refused);
+    }
+}

@@ -1,0 +1,17 @@
+//! The names of the worker protocol (docs/worker-protocol.md) as the operator uses them: the port
+//! it asks a worker at, the gauges and the counter it reads there, and the annotation it sets on
+//! a Pod. Names only: nothing here reads or writes anything.
+
+/// The container port a worker serves its gauges on, as Prometheus scrapes them.
+pub const METRICS_PORT: &str = "metrics";
+/// The gauge a worker sets to 1 while it runs a job and to 0 while it waits for one.
+pub const BUSY_METRIC: &str = "lanepool_worker_busy";
+/// The gauge a worker sets, while it runs a job, to when that job started (Unix seconds).
+pub const STARTED_METRIC: &str = "lanepool_worker_job_started_timestamp_seconds";
+/// The gauge a worker sets to 1 while a drain request keeps it from taking new jobs.
+pub const DRAINING_METRIC: &str = "lanepool_worker_draining";
+/// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
+pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
+/// The annotation the ReplicaSet controller reads: of two Pods otherwise alike (both running
+/// and ready), the one with the lower cost is deleted first.
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";

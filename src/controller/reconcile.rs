@@ -1,0 +1,308 @@
+//! One reconcile of one LanePool, as one forward walk: **read** its Deployments (watch cache) and
+//! **step** (is it due, what does it run: `memory/`); when due, **measure** (Prometheus and the
+//! workers' own counts at once, then every lane's job time) and **decide** (`crate::sizing`);
+//! **plan** the rollout (`plan/`: growth first, a shrink after the surge and its drain); **apply
+//! the growth**; **drain** the workers a shrink stops (`pods/drain.rs`); **rank** the Pods of the
+//! Deployments that shrink now (`pods/rank.rs`); **apply the rest**; **report** the decision
+//! (`report.rs`); **requeue**. Each stage is entered once, and the pool's memory is written back
+//! at one point whatever the walk's outcome. Errors the CRD cannot catch (a missing Secret, a URL
+//! not allowed, a name taken) set Ready=False and are retried with backoff, without touching
+//! other pools.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use tracing::{Instrument, info, info_span, warn};
+
+use super::context::{self, Context, PoolKey};
+use super::memory::{self, PoolMemory, STATUS_REFRESH, Start, jitter};
+use super::plan::{self, Rules, grace};
+use super::pods::rank::LastMeasured;
+use super::pods::{self, PoolPods};
+use super::{apply, measure, report, status, workers};
+use crate::api::{LanePool, LanePoolStatus};
+use crate::sizing::{Decision, Inputs, PoolSizing, Replicas, decide};
+use crate::{Error, Result};
+
+/// One reconcile of one LanePool.
+pub async fn reconcile(pool: Arc<LanePool>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let namespace = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    // Every line logged while reconciling the pool carries its namespace and name.
+    let span = info_span!("reconcile", namespace = %namespace, pool = %name);
+    async {
+        match reconcile_pool(&pool, &ctx).await {
+            Ok(action) => {
+                ctx.remember(PoolKey::of(&pool), |m| m.failures = 0);
+                ctx.metrics.reconciled(&namespace, &name, started.elapsed());
+                Ok(action)
+            }
+            Err(error) => {
+                report::report_failure(&pool, &ctx, &error).await;
+                Err(error)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Counts the failure and retries with exponential backoff: 5 s, 10 s, … up to 5 minutes.
+pub fn error_policy(pool: Arc<LanePool>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_failed(error.metric_label());
+    let key = PoolKey::of(&pool);
+    let mut failures = 0;
+    ctx.remember(key, |m| {
+        m.failures = m.failures.saturating_add(1);
+        failures = m.failures;
+    });
+    let backoff = Duration::from_secs(5 * 2u64.saturating_pow(failures.saturating_sub(1).min(6)))
+        .min(Duration::from_secs(300));
+    warn!(
+        namespace = %pool.namespace().unwrap_or_default(),
+        pool = %pool.name_any(),
+        %error,
+        ?backoff,
+        "reconcile failed; retrying"
+    );
+    Action::requeue(backoff)
+}
+
+async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
+    let interval = pool.spec.interval.get().map_err(|source| Error::Duration {
+        field: "spec.interval".into(),
+        source,
+    })?;
+    if pool.spec.paused {
+        report::report_paused(pool, ctx).await?;
+        return Ok(Action::requeue(interval));
+    }
+    if !ctx.caches_ready() {
+        return Ok(Action::requeue(context::CACHES_NOT_READY));
+    }
+    let sizing = PoolSizing::from_spec(&pool.spec)?;
+    let key = PoolKey::of(pool);
+    let mut memory = ctx.memory(&key);
+    let walk = Walk {
+        pool,
+        ctx,
+        interval,
+        now: ctx.started.elapsed(),
+        old_status: pool.status.clone().unwrap_or_default(),
+    };
+    let walked = walk.run(&sizing, &mut memory).await;
+    // The one write-back: what the walk learned is kept whether or not it got to the end.
+    ctx.keep(&key, &memory);
+    walked.map(Action::requeue)
+}
+
+/// What every stage of one reconcile reads.
+struct Walk<'a> {
+    pool: &'a LanePool,
+    ctx: &'a Context,
+    interval: Duration,
+    /// When the reconcile started, since the process did.
+    now: Duration,
+    /// The status as the reconcile found it.
+    old_status: LanePoolStatus,
+}
+
+impl Walk<'_> {
+    /// The stages, in order; returns when to come back.
+    async fn run(&self, sizing: &PoolSizing, memory: &mut PoolMemory) -> Result<Duration> {
+        let (pool, ctx, now) = (self.pool, self.ctx, self.now);
+        let generation = pool.metadata.generation;
+        // Read and step.
+        let live = self.read_deployments(memory);
+        let start = memory.start(generation, self.interval, now, || {
+            memory::recorded_replicas(pool, &self.old_status, &live)
+        });
+        // The pool's own workers: only Pods its Deployments' ReplicaSets control are asked
+        // anything. All Pod I/O of this reconcile (reads, drains, ranking) ends within one budget.
+        let pods = PoolPods::new(ctx, pool, live.values(), pods::budget(self.interval));
+        // Measure and decide, when due.
+        let decision = match start.due {
+            true => Some(
+                self.measure_and_decide(sizing, &start, &pods, memory)
+                    .await?,
+            ),
+            false => None,
+        };
+        // Plan.
+        let rules = rules(ctx);
+        let (target, own) = (memory.target(), memory.applied.as_ref());
+        let surge = memory.surge(now);
+        let rollout = plan::rollout(pool, &live, &target, own, &surge, rules);
+        let surge_ended = memory.surging(&rollout, now);
+        log_surge_end(surge_ended, ctx.settings.surge_timeout);
+        let last = memory.applied.clone().or(start.current.clone());
+        let deployments = apply::Deployments::new(pool, ctx, &live, last);
+        // Apply the growth, alone, before any shrinking Deployment's Pod is asked anything.
+        if let Some(growth) = &rollout.growth {
+            deployments.apply(growth).await?;
+        }
+        // Drain, then rank: a shrink waits for the workers it stops, and goes idle workers first.
+        let release = self
+            .drain_and_rank(&pods, memory, &live, &rollout, rules)
+            .await;
+        // Apply the rest.
+        deployments.apply(&release.replicas).await?;
+        memory.rolled_out(release, generation);
+        // Report.
+        if let Some(decision) = decision {
+            self.report(&decision, start.current.as_ref(), memory)
+                .await?;
+        }
+        // Requeue.
+        let jitter = jitter(&pool.uid().unwrap_or_default());
+        Ok(memory.requeue_after(self.interval, ctx.settings.surge_timeout, now, jitter))
+    }
+
+    /// The pool's Deployments, from the watch cache: its own by name, and after a spec change or
+    /// a restart every one labelled as the pool's (what a removed lane left behind).
+    fn read_deployments(&self, memory: &PoolMemory) -> BTreeMap<String, Deployment> {
+        let pool = self.pool;
+        let names: Vec<String> = workers::pool_roles(pool, &Replicas::default())
+            .into_iter()
+            .map(|(name, _, _)| name)
+            .collect();
+        let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
+        let namespace = pool.namespace().unwrap_or_default();
+        self.ctx
+            .pool_deployments(&namespace, &pool.name_any(), &names, sweep)
+            .into_iter()
+            .map(|d| (d.name_any(), d))
+            .collect()
+    }
+
+    /// Measures the pool (Prometheus and the workers asked at once, neither waiting for the
+    /// other; this evaluation's read applied, without one Prometheus decides; every lane's job
+    /// time remembered for the drains and the ranking) and decides.
+    async fn measure_and_decide(
+        &self,
+        sizing: &PoolSizing,
+        start: &Start,
+        pods: &PoolPods<'_>,
+        memory: &mut PoolMemory,
+    ) -> Result<Decision> {
+        let (pool, ctx) = (self.pool, self.ctx);
+        let (measured, answers) = futures::join!(
+            measure::measure_pool(pool, ctx, self.interval),
+            pods::reads::ask(&memory.worker_reads, pool, ctx, pods),
+        );
+        let (mut loads, connection) = measured?;
+        pods::reads::record(ctx, &mut memory.worker_reads, answers, &loads);
+        let window = pods::reads::rate_window(ctx);
+        memory.worker_reads.apply_to(&mut loads, window);
+        let job_seconds = measure::served_job_seconds(pool, ctx, connection.as_ref(), &loads).await;
+        memory.measured(connection, job_seconds);
+        let decision = decide(
+            sizing,
+            Inputs {
+                loads: &loads,
+                current: start.current.as_ref(),
+                history: &memory.history,
+                now: self.now,
+                outage: memory.outage(&self.old_status, self.now, Timestamp::now()),
+            },
+        );
+        memory.decided(&decision, pool.metadata.generation, self.now);
+        Ok(decision)
+    }
+
+    /// Advances the drains (calling off those whose shrink is gone), then ranks each Deployment
+    /// that shrinks now, its drained workers first; returns what goes out.
+    async fn drain_and_rank(
+        &self,
+        pods: &PoolPods<'_>,
+        memory: &mut PoolMemory,
+        live: &BTreeMap<String, Deployment>,
+        rollout: &plan::Rollout,
+        rules: Rules,
+    ) -> plan::Release {
+        let (pool, ctx) = (self.pool, self.ctx);
+        let measured = LastMeasured {
+            connection: memory.connection.as_ref(),
+            job_seconds: &memory.job_seconds,
+        };
+        let shrinks = &rollout.shrinks;
+        let drains = &mut memory.drains;
+        let held =
+            pods::drain::drain_before_shrinks(pool, ctx, pods, measured, drains, shrinks, self.now)
+                .await;
+        let release = rollout.release(pool, live, &held, rules);
+        for deployment in &release.shrinking {
+            let drained = memory
+                .drains
+                .get(deployment)
+                .map(|d| d.idle())
+                .unwrap_or_default();
+            let measured = LastMeasured {
+                connection: memory.connection.as_ref(),
+                job_seconds: &memory.job_seconds,
+            };
+            pods::rank::rank_before_shrink(pool, ctx, pods, measured, deployment, &drained).await;
+        }
+        release
+    }
+
+    /// Reports a decision: conditions (the autoscaler check and the grace period among them),
+    /// events and the status, written when it changed or its measurements are getting old.
+    async fn report(
+        &self,
+        decision: &Decision,
+        applied: Option<&Replicas>,
+        memory: &mut PoolMemory,
+    ) -> Result<()> {
+        let (pool, ctx) = (self.pool, self.ctx);
+        let namespace = pool.namespace().unwrap_or_default();
+        let hpa = apply::autoscaler_conflict(pool, ctx, &namespace)?;
+        let mut conditions = status::decision_conditions(decision, hpa);
+        let grace = grace::grace_seconds(pool);
+        conditions.push(grace::grace_condition(grace, &memory.job_seconds));
+        let refresh = memory
+            .status_written
+            .is_none_or(|at| self.now.saturating_sub(at) >= STATUS_REFRESH);
+        let old = &self.old_status;
+        let written =
+            report::report_decision(pool, ctx, old, decision, applied, conditions, refresh).await?;
+        if written {
+            memory.status_written = Some(self.now);
+        }
+        Ok(())
+    }
+}
+
+/// How the operator's flags say to roll decisions out.
+fn rules(ctx: &Context) -> Rules {
+    let rank = ctx.settings.idle_workers_first;
+    Rules {
+        surge_timeout: ctx.settings.surge_timeout,
+        rank,
+        drain: rank && !ctx.settings.drain_timeout.is_zero(),
+    }
+}
+
+fn log_surge_end(waited: Option<Duration>, timeout: Duration) {
+    let Some(waited) = waited else {
+        return;
+    };
+    let waited_ms = waited.as_millis() as u64;
+    if waited >= timeout {
+        info!(
+            waited_ms,
+            "surge timed out: the shrinking Deployments may shrink"
+        );
+    } else {
+        info!(
+            waited_ms,
+            "surge over: the growing Deployments are ready, the shrinking ones may shrink"
+        );
+    }
+}
