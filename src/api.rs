@@ -43,7 +43,7 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
     printcolumn(
         name = "Reserves",
         type_ = "string",
-        description = "every reserve lane's reserve in effect",
+        description = "every reserve lane's reserve as it runs (→ what was decided, while a shrink waits)",
         json_path = ".status.reserves"
     ),
     printcolumn(name = "Reserved", type_ = "integer", json_path = ".status.reserved"),
@@ -89,6 +89,13 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
         type_ = "string",
         description = "Paused while spec.scaleDown.paused holds every count at its highest",
         json_path = ".status.scaleDown",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Rollout",
+        type_ = "string",
+        description = "while a shrink waits: what it waits for, and until when",
+        json_path = ".status.rollout",
         priority = 1
     )
 )]
@@ -433,9 +440,17 @@ pub struct LanePoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
 
-    /// Every reserve lane's reserve in effect, such as "urgent 2, critical 1".
+    /// Every reserve lane's reserve as its Deployment runs it, such as "urgent 2, critical 1";
+    /// while a change waits, what runs → what was decided, such as "urgent 4 → 1".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserves: Option<String>,
+
+    /// While a shrink waits: each waiting Deployment, what it runs and shrinks to, what it waits
+    /// for and until when at the latest, such as "Deployment jobs-shared runs 9, shrinks to 7
+    /// once 2 draining workers are idle, by 2026-12-02T03:00:05Z". Absent when every Deployment
+    /// runs what was decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
 
     /// "Paused" while spec.scaleDown.paused holds counts from shrinking; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -481,8 +496,12 @@ pub struct LaneStatus {
     pub busy_workers: Option<f64>,
     /// The reserve the measurements call for, before the stabilization window.
     pub recommended_reserve: i32,
-    /// The reserve in effect.
+    /// The reserve in effect: what was decided.
     pub reserve: i32,
+    /// The reserved workers its Deployment runs now: above `reserve` while a shrink waits (see
+    /// `rollout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<i32>,
 }
 
 /// Headers `spec.prometheus.headers` may not set (lower case), as its CEL rule says: they

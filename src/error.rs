@@ -31,6 +31,12 @@ pub enum Error {
     )]
     PrometheusUrlNotAllowed { url: String, allowed: String },
 
+    /// The pool would send credentials to a URL the installer did not name.
+    #[error(
+        "spec.prometheus.url {url:?} has credentials (a bearer token, basic auth or a client certificate) but the installer named no such URL: credentials go only to the operator's --prometheus-url or a URL --allowed-prometheus-urls allows (the chart's prometheusUrl, allowedPrometheusUrls); no Secret was read and no connection made"
+    )]
+    CredentialsNotAllowed { url: String },
+
     /// A Deployment the pool would write exists and belongs to something else.
     #[error(
         "Deployment {name:?} exists and is not this pool's ({owner}); nothing was written to it: rename the pool or the lane, or delete that Deployment"
@@ -48,6 +54,12 @@ pub enum Error {
     /// The API server did not answer in time.
     #[error("{action}: no answer within {seconds} s")]
     Timeout { action: String, seconds: u64 },
+
+    #[error(
+        "{action}: not written: this replica's leader lease was not seen renewed in time, so \
+         another replica may hold it"
+    )]
+    NotLeader { action: String },
 
     #[error("serializing {what}: {source}")]
     Serialize {
@@ -70,10 +82,13 @@ impl Error {
         match self {
             Self::Invalid { .. } | Self::Duration { .. } => "InvalidSpec",
             Self::MissingSecret { .. } => "MissingSecret",
-            Self::PrometheusUrlNotAllowed { .. } => "PrometheusURLNotAllowed",
+            Self::PrometheusUrlNotAllowed { .. } | Self::CredentialsNotAllowed { .. } => {
+                "PrometheusURLNotAllowed"
+            }
             Self::NameConflict { .. } => "NameConflict",
             Self::Kube { .. } => "ApiServerRefused",
             Self::Timeout { .. } => "ApiServerTimeout",
+            Self::NotLeader { .. } => "NotLeader",
             Self::Serialize { .. } => "InternalError",
         }
     }
@@ -86,9 +101,11 @@ impl Error {
             Self::Serialize { .. } => "serialize",
             Self::MissingSecret { .. } => "missing_secret",
             Self::PrometheusUrlNotAllowed { .. } => "prometheus_url_not_allowed",
+            Self::CredentialsNotAllowed { .. } => "credentials_not_allowed",
             Self::NameConflict { .. } => "name_conflict",
             Self::Kube { .. } => "kube",
             Self::Timeout { .. } => "timeout",
+            Self::NotLeader { .. } => "not_leader",
         }
     }
 }

@@ -3,8 +3,12 @@
 //! (as controller-runtime does), so a replica never goes on writing from stale state; and so
 //! does a lease this replica cannot see renewed within its renew deadline (a frozen API server, a
 //! hung renewal), which is shorter than the lease: the replica stops before another may take
-//! the lease over.
+//! the lease over. Every write also checks the [`Fence`] first, so a replica that was itself
+//! frozen past its deadline (a paused process, a starved node) writes nothing when it thaws, even
+//! before its watchdog has run.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -18,21 +22,57 @@ use tracing::{info, warn};
 /// The Lease all replicas compete for.
 pub const LEASE_NAME: &str = "lanepool-operator";
 
+/// Until when this replica may write: its last renewal of the lease seen, plus the renew deadline
+/// (¾ of the lease), on the wall clock the lease's renewals are stamped with. Another replica may
+/// take the lease only a whole lease after that renewal. Shared by every writer of the process.
+#[derive(Clone, Debug)]
+pub struct Fence(Arc<AtomicI64>);
+
+impl Fence {
+    /// A fence that never closes: for an operator without leader election.
+    pub fn open() -> Self {
+        Self(Arc::new(AtomicI64::new(i64::MAX)))
+    }
+
+    /// A fence closed until [`Self::extend_to`] opens it.
+    pub fn closed() -> Self {
+        Self(Arc::new(AtomicI64::new(i64::MIN)))
+    }
+
+    /// Lets writes go on until `until`, unless they may already go on longer.
+    pub fn extend_to(&self, until: Timestamp) {
+        self.0.fetch_max(until.as_millisecond(), Ordering::SeqCst);
+    }
+
+    /// How long writes may still go on; `None` once the fence is closed.
+    pub fn left(&self) -> Option<Duration> {
+        let until = self.0.load(Ordering::SeqCst);
+        if until == i64::MAX {
+            return Some(Duration::MAX);
+        }
+        let left = until.saturating_sub(Timestamp::now().as_millisecond());
+        (left > 0).then(|| Duration::from_millis(left as u64))
+    }
+}
+
 /// A running campaign for the lease.
 pub struct Leadership {
     leader: watch::Receiver<bool>,
+    fence: Fence,
     leases: Api<Lease>,
     identity: String,
     lease_duration: Duration,
     task: JoinHandle<Result<kube_lease_manager::LeaseManager, LeaseManagerError>>,
 }
 
-/// Starts competing for the lease in `namespace` as `identity`.
+/// Starts competing for the lease in `namespace` as `identity`; `fence` opens for as long as the
+/// lease is seen renewed once this replica holds it.
 pub async fn campaign(
     client: Client,
     namespace: &str,
     identity: &str,
     lease_duration: Duration,
+    fence: Fence,
 ) -> Result<Leadership, LeaseManagerError> {
     let seconds = lease_duration.as_secs().max(2);
     let leases = Api::namespaced(client.clone(), namespace);
@@ -48,6 +88,7 @@ pub async fn campaign(
     let (leader, task) = manager.watch().await;
     Ok(Leadership {
         leader,
+        fence,
         leases,
         identity: identity.to_string(),
         lease_duration: Duration::from_secs(seconds),
@@ -61,6 +102,8 @@ impl Leadership {
         loop {
             if *self.leader.borrow_and_update() {
                 info!("became the leader");
+                self.fence
+                    .extend_to(Timestamp::now() + renew_deadline_of(self.lease_duration));
                 return true;
             }
             if self.leader.changed().await.is_err() {
@@ -87,6 +130,7 @@ impl Leadership {
             self.leases.clone(),
             self.identity.clone(),
             self.lease_duration,
+            self.fence.clone(),
         );
         async move {
             tokio::select! {
@@ -108,10 +152,21 @@ impl Leadership {
     }
 }
 
+/// How long after a renewal this replica still writes: ¾ of the lease.
+fn renew_deadline_of(lease_duration: Duration) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::try_from(lease_duration * 3 / 4).unwrap_or_default()
+}
+
 /// Resolves once this replica's own renewal of the lease has not been seen for ¾ of the lease
-/// (the lease manager renews it every half lease), or another replica holds it. The reads are
-/// bounded by the same deadline, so a frozen API server is noticed too.
-async fn renew_deadline(leases: Api<Lease>, identity: String, lease_duration: Duration) {
+/// (the lease manager renews it every half lease), or another replica holds it; each renewal
+/// seen moves the `fence` on. The reads are bounded by the same deadline, so a frozen API server
+/// is noticed too.
+async fn renew_deadline(
+    leases: Api<Lease>,
+    identity: String,
+    lease_duration: Duration,
+    fence: Fence,
+) {
     let deadline = lease_duration * 3 / 4;
     let every = (lease_duration / 8).max(Duration::from_millis(250));
     let mut renewed = Timestamp::now();
@@ -125,6 +180,7 @@ async fn renew_deadline(leases: Api<Lease>, identity: String, lease_duration: Du
             }
             if let Some(time) = spec.renew_time {
                 renewed = renewed.max(time.0);
+                fence.extend_to(renewed + renew_deadline_of(lease_duration));
             }
         }
         let since = Timestamp::now().duration_since(renewed);
@@ -135,5 +191,34 @@ async fn renew_deadline(leases: Api<Lease>, identity: String, lease_duration: Du
             );
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_lets_writes_go_on_only_until_the_renew_deadline() {
+        assert_eq!(Fence::open().left(), Some(Duration::MAX));
+        let fence = Fence::closed();
+        assert_eq!(fence.left(), None, "closed until a renewal is seen");
+        let lease = Duration::from_secs(4);
+        fence.extend_to(Timestamp::now() + renew_deadline_of(lease));
+        let left = fence.left().expect("open after a renewal");
+        assert!(
+            left <= Duration::from_secs(3) && left > Duration::from_millis(2900),
+            "{left:?}"
+        );
+        // An older renewal seen later never shortens it; a renewal long past closes nothing new.
+        fence.extend_to(Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60));
+        assert!(fence.left().is_some());
+        let stale = Fence::closed();
+        stale.extend_to(Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(1));
+        assert_eq!(
+            stale.left(),
+            None,
+            "a renewal more than the deadline ago: no writes"
+        );
     }
 }

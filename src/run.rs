@@ -172,7 +172,7 @@ async fn operate(args: RunArgs) -> ExitCode {
     });
     if args.allowed_prometheus_urls.is_none() {
         warn!(
-            "--allowed-prometheus-urls is not set: a LanePool may send its credentials to any Prometheus URL"
+            "--allowed-prometheus-urls is not set: a LanePool may name any Prometheus URL, and its credentials go only to --prometheus-url"
         );
     }
     let settings = Settings {
@@ -195,7 +195,14 @@ async fn operate(args: RunArgs) -> ExitCode {
         drain_timeout: args.drain_timeout,
         write_timeout: args.write_timeout,
     };
-    let ctx = Arc::new(Context::new(client, metrics.clone(), settings));
+    // With leader election nothing is written until this replica holds the lease and sees it
+    // renewed (see `leader::Fence`).
+    let fence = if args.leader_election {
+        leader::Fence::closed()
+    } else {
+        leader::Fence::open()
+    };
+    let ctx = Arc::new(Context::new(client, metrics.clone(), settings).with_fence(fence.clone()));
     let endpoint = tokio::spawn(server::serve(listener, metrics, health.clone()));
     info!(
         metrics_addr = %args.metrics_addr,
@@ -222,6 +229,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         &args.leader_election_namespace,
         &identity,
         args.leader_election_lease_duration,
+        fence,
     )
     .await
     {

@@ -111,7 +111,8 @@ impl World {
         self.apply_named("jobs", change).await
     }
 
-    /// Creates the example pool as `name`, changed by `change`.
+    /// Applies the example pool as `name`, changed by `change` (server-side, as `kubectl apply
+    /// --server-side` would: applied again, it replaces what the test set before).
     async fn apply_named(&self, name: &str, change: impl FnOnce(&mut serde_json::Value)) {
         let mut manifest = lanepool_testenv::formula_pool();
         manifest["metadata"]["name"] = json!(name);
@@ -120,9 +121,12 @@ impl World {
         spec["scaleDown"]["stabilizationWindow"] = json!("20s");
         spec.as_object_mut().unwrap().remove("prometheus");
         change(spec);
-        let pool: LanePool = serde_json::from_value(manifest).unwrap();
         Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
-            .create(&PostParams::default(), &pool)
+            .patch(
+                name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&manifest),
+            )
             .await
             .unwrap();
     }
@@ -923,6 +927,130 @@ async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_shrink_shows_what_runs_what_it_waits_for_and_until_when() {
+    // New workers take 8 s to be ready: each shrink waits for the Deployment taking over.
+    let world = World::start_with("held", |_| {}, Duration::from_secs(8)).await;
+    world.urgent(30.0, 0.020);
+    world.apply_pool(|_| {}).await;
+    watch_counts(&world, 40, |r, s| r == 1 && s == 9).await;
+    let status = || async { world.pool().await.status.unwrap_or_default() };
+    world
+        .until(30, "settled: nothing waits", || async {
+            let status = status().await;
+            status.rollout.is_none() && status.reserves.as_deref() == Some("urgent 1")
+        })
+        .await;
+
+    world.urgent(150.0, 0.020);
+    world
+        .until(30, "the shared shrink waits for the reserve", || async {
+            status().await.rollout.is_some_and(|r| {
+                r.starts_with("Deployment jobs-shared runs 9, shrinks to 5 once jobs-urgent-reserved is ready (")
+                    && r.contains(" of 5), by 20")
+            })
+        })
+        .await;
+    let waiting = status().await;
+    assert_eq!(
+        waiting.lanes[0].running,
+        Some(5),
+        "the reserve grew at once"
+    );
+    assert_eq!(waiting.shared, 5, "what was decided");
+    eprintln!("rollout: {}", waiting.rollout.unwrap_or_default());
+    world
+        .until(30, "the shrink went: nothing waits", || async {
+            status().await.rollout.is_none()
+        })
+        .await;
+    assert_eq!(world.replicas("jobs-shared").await, Some(5));
+
+    // Back down: shared grows first, and the reserve runs 5 while it waits to shrink to 1.
+    world.urgent(30.0, 0.020);
+    world
+        .until(60, "the reserve shrink waits for the shared workers", || async {
+            let status = status().await;
+            status.reserves.as_deref() == Some("urgent 5 → 1")
+                && status.lanes[0].running == Some(5)
+                && status.rollout.is_some_and(|r| {
+                    r.starts_with("Deployment jobs-urgent-reserved runs 5, shrinks to 1 once jobs-shared is ready (")
+                })
+        })
+        .await;
+    world
+        .until(30, "settled again", || async {
+            let status = status().await;
+            status.rollout.is_none() && status.reserves.as_deref() == Some("urgent 1")
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_lanes_workers_leave_once_shared_workers_took_their_place() {
+    // New workers take 8 s to be ready. Two reserve lanes: urgent 1 and critical 2, shared 9.
+    let world = World::start_with("leaving", |_| {}, Duration::from_secs(8)).await;
+    world.urgent(30.0, 0.020);
+    world
+        .workers
+        .set_lane(&world.namespace, "jobs", "critical", 20.0, 0.050);
+    world
+        .apply_pool(|spec| {
+            let lanes = spec["lanes"].as_array_mut().unwrap();
+            lanes.insert(
+                1,
+                json!({"name": "critical", "reserve": {"max": 3, "sizing": "Formula"}}),
+            );
+            spec["totalWorkers"] = json!(12);
+        })
+        .await;
+    world
+        .until(60, "1 + 2 reserved and 9 shared, ready", || async {
+            world.replicas("jobs-critical-reserved").await == Some(2)
+                && world.replicas("jobs-shared").await == Some(9)
+                && world
+                    .pool()
+                    .await
+                    .status
+                    .is_some_and(|s| s.rollout.is_none())
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+
+    // The lane removed: shared grows to 11 at once; the lane's 2 workers stay until then.
+    world
+        .apply_pool(|spec| spec["totalWorkers"] = json!(12))
+        .await;
+    world
+        .until(
+            20,
+            "shared grown, the removed lane's workers still there",
+            || async {
+                world.replicas("jobs-shared").await == Some(11)
+                    && world.replicas("jobs-critical-reserved").await == Some(2)
+            },
+        )
+        .await;
+    let status = world.pool().await.status.unwrap_or_default();
+    assert!(
+        status.rollout.as_deref().is_some_and(|r| r.contains(
+            "Deployment jobs-critical-reserved runs 2, shrinks to 0 once jobs-shared is ready ("
+        )),
+        "{:?}",
+        status.rollout
+    );
+    let removed = world
+        .until(30, "the removed lane's Deployment gone", || async {
+            world.replicas("jobs-critical-reserved").await.is_none()
+        })
+        .await;
+    assert!(
+        removed >= Duration::from_secs(4),
+        "it left only once shared was ready: after {removed:?}"
+    );
+    assert_eq!(world.replicas("jobs-shared").await, Some(11));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_on_an_integer_boundary_does_not_flap() {
     let world = World::start("boundary").await;
     // 10/s × 50 ms × 2 = 1.0 exactly; Prometheus's rate() reads it a little above or below.
@@ -1264,6 +1392,56 @@ async fn a_prometheus_url_not_allowed_is_never_connected_to() {
         None,
         "nothing was written"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_list_credentials_go_only_to_the_operators_own_url() {
+    // The chart's defaults list no URL: a pool may name any, but its Secret goes nowhere else.
+    let (elsewhere, connections) = hostile_server(never_answers).await;
+    let world = World::start("credentials").await;
+    world
+        .secret(
+            "token",
+            "Opaque",
+            &[("token", "the tenant may not read this")],
+        )
+        .await;
+    let https = elsewhere.replace("http://", "https://");
+    world
+        .apply_pool(|spec| {
+            spec["prometheus"] = json!({
+                "url": https,
+                "bearerTokenSecret": {"name": "token", "key": "token"}
+            })
+        })
+        .await;
+    world
+        .until(30, "Ready=False, PrometheusURLNotAllowed", || async {
+            world
+                .condition("Ready")
+                .await
+                .is_some_and(|(status, reason, message)| {
+                    status == "False"
+                        && reason == "PrometheusURLNotAllowed"
+                        && message.contains("--prometheus-url")
+                })
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "the token went nowhere"
+    );
+    // Without credentials the same URL is asked (and never answers): no Secret is at stake.
+    world
+        .apply_pool(|spec| spec["prometheus"] = json!({"url": elsewhere, "timeout": "1s"}))
+        .await;
+    world
+        .until(30, "the unnamed URL asked without credentials", || async {
+            connections.load(Ordering::SeqCst) > 0
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

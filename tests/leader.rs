@@ -282,7 +282,15 @@ async fn json_logs_name_the_pool_on_every_reconcile_line_and_each_failure_once()
         "logs",
         &namespace,
         plane.kubeconfig(),
-        &["--log-format", "json", "--log-level", "info"],
+        &[
+            "--log-format",
+            "json",
+            "--log-level",
+            "info",
+            // Credentials go only to a URL the installer named.
+            "--allowed-prometheus-urls",
+            "https://prometheus.invalid:9090,http://127.0.0.1:9",
+        ],
     );
     create_pool(&pools, "jobs").await;
     // A pool whose bearer token Secret does not exist: every reconcile fails, with backoff.
@@ -342,4 +350,67 @@ async fn json_logs_name_the_pool_on_every_reconcile_line_and_each_failure_once()
     eprintln!(
         "{failures} failed reconciles logged once each; controller lines for pools {reconciled:?}"
     );
+}
+
+/// A replica frozen past its renew deadline (a paused process, a starved node) thaws with its
+/// watchdog not yet run: its fence, closed at ¾ of a lease after the last renewal it saw, keeps
+/// every write from going out (Deployments, status, events), until a renewal is seen again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_past_its_renew_deadline_writes_nothing() {
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use lanepool::leader::Fence;
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let plane = testenv::shared().expect("the control plane starts");
+    let client = plane.client().await.unwrap();
+    let namespace = plane.namespace(&client, "fenced").await.unwrap();
+    let pools: Api<LanePool> = Api::namespaced(client.clone(), &namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    create_pool(&pools, "jobs").await;
+
+    // The last renewal it saw: 4 s ago, with a 4 s lease (its deadline was 1 s ago).
+    let fence = Fence::closed();
+    fence.extend_to(Timestamp::now() - SignedDuration::from_secs(1));
+    let settings = testenv::InProcessOperator::settings("http://127.0.0.1:9".into());
+    let operator = testenv::InProcessOperator::start_fenced(
+        client.clone(),
+        vec![namespace.clone()],
+        settings,
+        fence.clone(),
+    );
+    let fenced = || {
+        let text = operator.metrics().render();
+        text.lines()
+            .find(|l| l.starts_with("lanepool_operator_kube_writes_total{result=\"fenced\"}"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    wait_for(20, "writes refused at the fence", || async {
+        fenced() >= 3.0
+    })
+    .await;
+    assert!(
+        !exists(&deployments, "jobs-shared").await,
+        "no Deployment written"
+    );
+    let pool = pools.get("jobs").await.unwrap();
+    assert!(
+        pool.status.is_none(),
+        "no status written: {:?}",
+        pool.status
+    );
+    let said = events.list(&Default::default()).await.unwrap();
+    assert!(said.items.is_empty(), "no event written: {:?}", said.items);
+
+    // A renewal seen again: the same replica writes.
+    fence.extend_to(Timestamp::now() + SignedDuration::from_secs(3600));
+    wait_for(
+        20,
+        "writes go on once the lease is seen renewed",
+        || async { exists(&deployments, "jobs-shared").await },
+    )
+    .await;
+    eprintln!("{} writes refused while fenced", fenced());
 }

@@ -11,7 +11,9 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::{Context, MANAGER};
-use super::workers::{TEMPLATE_HASH, pool_roles, spec_replicas, template_json, worker_deployments};
+use super::workers::{
+    TEMPLATE_HASH, owned_by, pool_roles, spec_replicas, template_json, worker_deployments,
+};
 use crate::api::LanePool;
 use crate::sizing::Replicas;
 use crate::{Error, Result};
@@ -48,6 +50,27 @@ impl<'a> Deployments<'a> {
     pub(super) async fn apply(&self, replicas: &Replicas) -> Result<()> {
         let (pool, ctx, api, live) = (self.pool, self.ctx, &self.api, self.live);
         apply_deployments(pool, ctx, api, live, replicas, self.applied.as_ref()).await
+    }
+
+    /// Removes the Deployments of lanes gone (`leave`) whose workers may go now; the others
+    /// that no lane runs keep their workers until their shrink may go.
+    pub(super) async fn remove(&self, leave: &[String]) -> Result<()> {
+        for name in leave {
+            let Some(deployment) = self.live.get(name) else {
+                continue;
+            };
+            if !owned_by(self.pool, deployment) {
+                continue;
+            }
+            self.ctx
+                .write(
+                    format!("deleting Deployment {name}"),
+                    self.api.delete(name, &DeleteParams::default()),
+                )
+                .await?;
+            info!(deployment = %name, "removed: no lane runs it any more");
+        }
+        Ok(())
     }
 }
 
@@ -133,26 +156,7 @@ async fn apply_deployments(
     }
     // The Deployments are independent objects: their writes go out together.
     futures::future::try_join_all(writes).await?;
-    // A lane that lost its reserve, or was renamed, leaves a Deployment behind: remove it.
-    for (name, deployment) in existing {
-        if owned_by(pool, deployment) && !desired.iter().any(|d| d.name_any() == *name) {
-            ctx.write(
-                format!("deleting Deployment {name}"),
-                deployments.delete(name, &DeleteParams::default()),
-            )
-            .await?;
-        }
-    }
     Ok(())
-}
-
-/// Whether this pool (this very object, by uid) controls the Deployment.
-fn owned_by(pool: &LanePool, deployment: &Deployment) -> bool {
-    let uid = pool.uid().unwrap_or_default();
-    deployment
-        .owner_references()
-        .iter()
-        .any(|o| o.uid == uid && o.controller == Some(true))
 }
 
 /// Who a Deployment belongs to, for the NameConflict message.

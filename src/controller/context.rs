@@ -18,6 +18,7 @@ use super::events::{Recorder, Said};
 use super::memory::PoolMemory;
 use super::workers::CachedDeployment;
 use crate::api::{LanePool, POOL_LABEL};
+use crate::leader::Fence;
 use crate::metrics::Metrics;
 use crate::prometheus::{self, AllowedUrls, Connection, QueryWindows};
 use crate::{Error, Result};
@@ -101,12 +102,17 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
     pub(super) started: Instant,
+    /// The wall clock when `started` was taken: times since the start shown as times of day.
+    started_wall: k8s_openapi::jiff::Timestamp,
     pub(super) pools: Mutex<HashMap<PoolKey, PoolMemory>>,
     pub(super) prometheus: prometheus::Clients,
     pub(super) caches: OnceLock<Vec<Caches>>,
     /// Requests to worker Pods in flight, across every pool; granted in the order asked, so a
     /// pool with many Pods waits its turn behind the others instead of starving them.
     pub(super) pod_requests: tokio::sync::Semaphore,
+    /// Until when this replica may write (see [`Fence`]): checked before every write, event
+    /// and drain request.
+    pub(super) fence: Fence,
 }
 
 /// The most requests to worker Pods in flight at once across the operator: each may hold a
@@ -122,11 +128,32 @@ impl Context {
             metrics,
             settings,
             started: Instant::now(),
+            started_wall: k8s_openapi::jiff::Timestamp::now(),
             pools: Mutex::default(),
             prometheus,
             caches: OnceLock::new(),
             pod_requests: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
+            fence: Fence::open(),
         }
+    }
+
+    /// The same context, writing only while `fence` is open (a leader's lease seen renewed).
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// The time of day `since_start` after this process started.
+    pub(super) fn wall(&self, since_start: Duration) -> k8s_openapi::jiff::Timestamp {
+        let since = k8s_openapi::jiff::SignedDuration::try_from(since_start).unwrap_or_default();
+        self.started_wall
+            .checked_add(since)
+            .unwrap_or(self.started_wall)
+    }
+
+    /// Whether this replica may write now.
+    pub(super) fn may_write(&self) -> bool {
+        self.fence.left().is_some()
     }
 
     pub(super) fn memory(&self, key: &PoolKey) -> PoolMemory {
@@ -238,13 +265,19 @@ impl Context {
             .forget_lanes(|lane| live.contains(&(lane.namespace.as_str(), lane.pool.as_str())));
     }
 
-    /// Runs a write with the timeout and counts its result in `kube_writes`.
+    /// Runs a write with the timeout, cut short where the fence closes, and counts its result
+    /// in `kube_writes`; nothing is sent once the fence is closed (`result="fenced"`).
     pub(super) async fn write<T>(
         &self,
         action: impl Into<String>,
         request: impl Future<Output = kube::Result<T>>,
     ) -> Result<T> {
-        let (result, outcome) = self.bounded(action.into(), request).await;
+        let action = action.into();
+        let Some(left) = self.fence.left() else {
+            self.metrics.wrote("fenced");
+            return Err(Error::NotLeader { action });
+        };
+        let (result, outcome) = self.bounded(action, request, left).await;
         self.metrics.wrote(outcome);
         result
     }
@@ -255,15 +288,17 @@ impl Context {
         action: impl Into<String>,
         request: impl Future<Output = kube::Result<T>>,
     ) -> Result<T> {
-        self.bounded(action.into(), request).await.0
+        self.bounded(action.into(), request, Duration::MAX).await.0
     }
 
     async fn bounded<T>(
         &self,
         action: String,
         request: impl Future<Output = kube::Result<T>>,
+        fence: Duration,
     ) -> (Result<T>, &'static str) {
-        match tokio::time::timeout(self.settings.write_timeout, request).await {
+        let timeout = self.settings.write_timeout.min(fence);
+        match tokio::time::timeout(timeout, request).await {
             Ok(Ok(value)) => (Ok(value), "success"),
             Ok(Err(source)) => (Err(Error::Kube { action, source }), "failure"),
             Err(_) => {
@@ -280,6 +315,10 @@ impl Context {
         reason: &str,
         note: String,
     ) {
+        if !self.may_write() {
+            self.metrics.wrote("fenced");
+            return;
+        }
         // The API server counts bytes: 128 for the action, 1 kB for the note.
         let said = Said {
             type_,

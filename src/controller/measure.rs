@@ -143,9 +143,16 @@ async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Conne
     // before any Secret is read.
     let credentials = source.bearer_token_secret.is_some()
         || source.basic_auth.is_some()
-        || source.ca_secret.is_some()
         || source.client_certificate_secret.is_some();
-    if credentials && !url.starts_with("https://") {
+    if credentials
+        && !ctx
+            .settings
+            .allowed_prometheus_urls
+            .names_for_credentials(&url, ctx.settings.default_prometheus_url.as_deref())
+    {
+        return Err(Error::CredentialsNotAllowed { url });
+    }
+    if (credentials || source.ca_secret.is_some()) && !url.starts_with("https://") {
         return Err(Error::invalid(
             "spec.prometheus.url",
             format!(

@@ -151,26 +151,42 @@ impl Walk<'_> {
         let release = self
             .drain_and_rank(&pods, memory, &live, &rollout, rules)
             .await;
-        // Apply the rest.
+        // Apply the rest; remove what no lane runs once its workers may go.
         deployments.apply(&release.replicas).await?;
+        deployments.remove(&release.remove).await?;
+        let held = rollout.held(
+            pool,
+            &target,
+            &release,
+            &memory.drains,
+            memory.surge_since.unwrap_or(now) + ctx.settings.surge_timeout,
+            now,
+        );
+        let running = release.replicas.clone();
         memory.rolled_out(release, generation);
-        // Report.
-        if let Some(decision) = decision {
-            self.report(&decision, start.current.as_ref(), memory)
-                .await?;
+        // Report, with what runs beside what was decided.
+        let shown = |status| report::with_rollout(status, &running, &held, |at| ctx.wall(at));
+        match decision {
+            Some(decision) => {
+                let current = start.current.as_ref();
+                self.report(&decision, current, memory, shown).await?
+            }
+            None => self.report_rollout(memory, shown).await?,
         }
         // Requeue.
         let jitter = jitter(&pool.uid().unwrap_or_default());
         Ok(memory.requeue_after(self.interval, ctx.settings.surge_timeout, now, jitter))
     }
 
-    /// The pool's Deployments, from the watch cache: its own by name, and after a spec change or
-    /// a restart every one labelled as the pool's (what a removed lane left behind).
+    /// The pool's Deployments, from the watch cache: its own by name (those of removed lanes
+    /// still leaving too), and after a spec change or a restart every one labelled as the pool's
+    /// (what a removed lane left behind).
     fn read_deployments(&self, memory: &PoolMemory) -> BTreeMap<String, Deployment> {
         let pool = self.pool;
         let names: Vec<String> = workers::pool_roles(pool, &Replicas::default())
             .into_iter()
             .map(|(name, _, _)| name)
+            .chain(memory.leaving.iter().cloned())
             .collect();
         let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
         let namespace = pool.namespace().unwrap_or_default();
@@ -259,6 +275,7 @@ impl Walk<'_> {
         decision: &Decision,
         applied: Option<&Replicas>,
         memory: &mut PoolMemory,
+        shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
     ) -> Result<()> {
         let (pool, ctx) = (self.pool, self.ctx);
         let namespace = pool.namespace().unwrap_or_default();
@@ -270,10 +287,29 @@ impl Walk<'_> {
             .status_written
             .is_none_or(|at| self.now.saturating_sub(at) >= STATUS_REFRESH);
         let old = &self.old_status;
-        let written =
-            report::report_decision(pool, ctx, old, decision, applied, conditions, refresh).await?;
-        if written {
+        let written = report::report_decision(
+            pool, ctx, old, decision, applied, conditions, refresh, shown,
+        )
+        .await?;
+        if written.is_some() {
             memory.status_written = Some(self.now);
+        }
+        memory.shown = written.or_else(|| Some(old.clone()));
+        Ok(())
+    }
+
+    /// Between decisions: a change of what runs (a shrink that started or stopped waiting)
+    /// written over the status this process last showed.
+    async fn report_rollout(
+        &self,
+        memory: &mut PoolMemory,
+        shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
+    ) -> Result<()> {
+        let Some(last) = &memory.shown else {
+            return Ok(());
+        };
+        if let Some(written) = report::report_rollout(self.pool, self.ctx, last, shown).await? {
+            memory.shown = Some(written);
         }
         Ok(())
     }

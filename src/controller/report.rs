@@ -7,16 +7,21 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
+use std::time::Duration;
+
 use super::context::{Context, MANAGER};
 use super::plan::grace::GRACE_PERIOD_TOO_SHORT;
+use super::plan::{Held, WaitsFor};
 use super::status::{self, ConditionState};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Replicas};
 use crate::{Error, Result};
 
 /// Reports a decision: events for resized reserves and lost metrics, the metrics, and the
-/// status. A status that only restates measurements within their tolerance is not written
-/// unless `refresh` (the measurements shown are getting old); returns whether it was written.
+/// status, with what runs `shown` on it (see [`with_rollout`]). A status that only restates
+/// measurements within their tolerance is not written unless `refresh` (the measurements shown
+/// are getting old); returns the status written, if it was.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn report_decision(
     pool: &LanePool,
     ctx: &Context,
@@ -25,7 +30,8 @@ pub(super) async fn report_decision(
     applied: Option<&Replicas>,
     conditions: Vec<ConditionState>,
     refresh: bool,
-) -> Result<bool> {
+    shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
+) -> Result<Option<LanePoolStatus>> {
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
     // Events are independent of one another and of the status: they go out together.
@@ -81,14 +87,32 @@ pub(super) async fn report_decision(
         pool.metadata.generation,
         Timestamp::now(),
     );
+    let new = shown(new);
     let events = futures::future::join_all(events);
     if !refresh && status::settled(old, &new) {
         events.await;
-        return Ok(false);
+        return Ok(None);
     }
-    let (_, written) = futures::join!(events, write_status(pool, ctx, old, new));
+    let (_, written) = futures::join!(events, write_status(pool, ctx, old, new.clone()));
     written?;
-    Ok(true)
+    Ok(Some(new))
+}
+
+/// Between decisions: the last status this process wrote (`last`), with what runs now `shown`
+/// on it, written when that changed (a shrink that started or stopped waiting). Returns the
+/// status written, if it was.
+pub(super) async fn report_rollout(
+    pool: &LanePool,
+    ctx: &Context,
+    last: &LanePoolStatus,
+    shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
+) -> Result<Option<LanePoolStatus>> {
+    let new = shown(last.clone());
+    if new == *last {
+        return Ok(None);
+    }
+    write_status(pool, ctx, last, new.clone()).await?;
+    Ok(Some(new))
 }
 
 /// Says on the status that the pool is paused: its Deployments are left alone.
@@ -108,6 +132,62 @@ pub(super) async fn report_paused(pool: &LanePool, ctx: &Context) -> Result<()> 
         Timestamp::now(),
     );
     write_status(pool, ctx, &old, new).await
+}
+
+/// `status` with what runs: each lane's `running` count from `running`, `reserves` as
+/// "lane runs → decided" where they differ, and `rollout` saying what each waiting shrink waits
+/// for (`held`), with `wall` turning the operator's clock into the time of day.
+pub(super) fn with_rollout(
+    mut status: LanePoolStatus,
+    running: &Replicas,
+    held: &[Held],
+    wall: impl Fn(Duration) -> Timestamp,
+) -> LanePoolStatus {
+    if status.lanes.is_empty() && status.last_decision.is_none() {
+        // Nothing decided shown yet: nothing to say what runs beside.
+        return status;
+    }
+    for lane in &mut status.lanes {
+        lane.running = running.reserved.get(&lane.name).copied();
+    }
+    if !status.lanes.is_empty() {
+        let reserves: Vec<String> = status
+            .lanes
+            .iter()
+            .map(|lane| match lane.running.filter(|r| *r != lane.reserve) {
+                Some(runs) => format!("{} {runs} → {}", lane.name, lane.reserve),
+                None => format!("{} {}", lane.name, lane.reserve),
+            })
+            .collect();
+        status.reserves = Some(reserves.join(", "));
+    }
+    let notes: Vec<String> = held
+        .iter()
+        .map(|held| {
+            let waits = match &held.waits_for {
+                WaitsFor::Drained(1) => "1 draining worker is idle".to_string(),
+                WaitsFor::Drained(busy) => format!("{busy} draining workers are idle"),
+                WaitsFor::Ready(deployments) if deployments.is_empty() => {
+                    "the Deployments taking over are ready".to_string()
+                }
+                WaitsFor::Ready(deployments) => deployments
+                    .iter()
+                    .map(|(name, ready, target)| format!("{name} is ready ({ready} of {target})"))
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+            };
+            let until = wall(held.until);
+            let by = until
+                .round(k8s_openapi::jiff::Unit::Second)
+                .unwrap_or(until);
+            format!(
+                "Deployment {} runs {}, shrinks to {} once {waits}, by {by}",
+                held.deployment, held.runs, held.to
+            )
+        })
+        .collect();
+    status.rollout = (!notes.is_empty()).then(|| notes.join("; "));
+    status
 }
 
 pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error) {
@@ -159,4 +239,72 @@ pub(super) async fn write_status(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::api::LaneStatus;
+
+    fn decided(reserve: i32) -> LanePoolStatus {
+        LanePoolStatus {
+            reserves: Some(format!("urgent {reserve}")),
+            lanes: vec![LaneStatus {
+                name: "urgent".into(),
+                reserve,
+                ..Default::default()
+            }],
+            last_decision: Some("…".into()),
+            ..Default::default()
+        }
+    }
+
+    fn running(reserve: i32, shared: i32) -> Replicas {
+        Replicas {
+            reserved: BTreeMap::from([("urgent".into(), reserve)]),
+            shared,
+        }
+    }
+
+    #[test]
+    fn a_held_shrink_shows_what_runs_what_it_waits_for_and_until_when() {
+        let wall = |at: Duration| Timestamp::from_second(1_800_000_000).unwrap() + at;
+        let settled = with_rollout(decided(1), &running(1, 9), &[], wall);
+        assert_eq!(settled.reserves.as_deref(), Some("urgent 1"));
+        assert_eq!(settled.lanes[0].running, Some(1));
+        assert_eq!(settled.rollout, None);
+        let held = [
+            Held {
+                deployment: "jobs-urgent-reserved".into(),
+                runs: 4,
+                to: 1,
+                waits_for: WaitsFor::Drained(2),
+                until: Duration::from_millis(9_400),
+            },
+            Held {
+                deployment: "jobs-shared".into(),
+                runs: 9,
+                to: 7,
+                waits_for: WaitsFor::Ready(vec![("jobs-other-reserved".into(), 1, 3)]),
+                until: Duration::from_secs(120),
+            },
+        ];
+        let waiting = with_rollout(decided(1), &running(4, 9), &held, wall);
+        assert_eq!(waiting.reserves.as_deref(), Some("urgent 4 → 1"));
+        assert_eq!(waiting.lanes[0].running, Some(4));
+        assert_eq!(
+            waiting.rollout.as_deref(),
+            Some(
+                "Deployment jobs-urgent-reserved runs 4, shrinks to 1 once 2 draining workers are \
+                 idle, by 2027-01-15T08:00:09Z; Deployment jobs-shared runs 9, shrinks to 7 once \
+                 jobs-other-reserved is ready (1 of 3), by 2027-01-15T08:02:00Z"
+            )
+        );
+        assert!(!status::settled(&settled, &waiting), "a change to write");
+        // A pool with nothing decided yet shows nothing.
+        let empty = with_rollout(LanePoolStatus::default(), &running(4, 9), &held, wall);
+        assert_eq!(empty, LanePoolStatus::default());
+    }
 }

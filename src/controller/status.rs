@@ -140,6 +140,7 @@ pub fn decision_status(decision: &Decision, pool: &LanePool) -> LanePoolStatus {
             pool.metadata.name.as_deref().unwrap_or_default()
         )),
         reserves: Some(reserves.join(", ")),
+        rollout: None,
         scale_down: scale_down_paused.then(|| "Paused".to_string()),
         lanes: decision.lanes.iter().map(lane_status).collect(),
         conditions: Vec::new(),
@@ -165,6 +166,7 @@ fn lane_status(lane: &LaneDecision) -> LaneStatus {
         busy_workers: load.map(|l| round(l.arrival_rate * l.job_seconds.unwrap_or(0.0))),
         recommended_reserve: lane.recommended,
         reserve: lane.reserve,
+        running: None,
     }
 }
 
@@ -191,6 +193,7 @@ pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus) -> bool {
         a.name == b.name
             && a.reserve == b.reserve
             && a.recommended_reserve == b.recommended_reserve
+            && a.running == b.running
             && close(a.arrival_rate_per_second, b.arrival_rate_per_second)
             && close(
                 per_second(&a.recent_arrival_rate),
@@ -205,6 +208,7 @@ pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus) -> bool {
         && old.replicas == new.replicas
         && old.selector == new.selector
         && old.reserves == new.reserves
+        && old.rollout == new.rollout
         && old.scale_down == new.scale_down
         && old.conditions == new.conditions
         && old.last_decision.is_some() == new.last_decision.is_some()
@@ -329,6 +333,7 @@ mod tests {
             busy_workers: Some(rate * 0.020),
             recommended_reserve: reserve,
             reserve,
+            running: None,
         };
         let status = |lane: LaneStatus| LanePoolStatus {
             observed_generation: Some(1),

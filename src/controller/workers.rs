@@ -82,6 +82,41 @@ pub fn pool_roles(pool: &LanePool, replicas: &Replicas) -> Vec<(String, Role, i3
     roles
 }
 
+/// Whether this pool (this very object, by uid) controls the Deployment.
+pub(super) fn owned_by(pool: &LanePool, deployment: &Deployment) -> bool {
+    let uid = pool.uid().unwrap_or_default();
+    deployment
+        .owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+}
+
+/// The pool's Deployments among `live` that no lane runs any more (a lane removed, renamed or
+/// without its reserve), each with the lane it ran: they leave the way a shrink to 0 does.
+pub(super) fn leaving<'a>(
+    pool: &LanePool,
+    live: impl IntoIterator<Item = &'a Deployment>,
+) -> Vec<(String, Role)> {
+    let ours: Vec<String> = pool_roles(pool, &Replicas::default())
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    let prefix = format!("{}-", pool.name_any());
+    live.into_iter()
+        .filter(|d| owned_by(pool, d))
+        .map(|d| d.name_any())
+        .filter(|name| !ours.contains(name))
+        .map(|name| {
+            let lane = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix("-reserved"))
+                .unwrap_or(&name)
+                .to_string();
+            (name, Role::Reserved { lane })
+        })
+        .collect()
+}
+
 /// Every Deployment of the pool with its replica count.
 pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deployment> {
     pool_roles(pool, replicas)

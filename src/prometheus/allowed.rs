@@ -54,6 +54,18 @@ impl AllowedUrls {
     }
 
     /// The prefixes as written for messages, or "any".
+    /// Whether the installer named `url` for credentials: this list allows it, or without a
+    /// list, it lies under the operator's own `default` URL (`--prometheus-url`). Without either,
+    /// no URL is named, and credentials go nowhere.
+    pub fn names_for_credentials(&self, url: &str, default: Option<&str>) -> bool {
+        match &self.0 {
+            Some(_) => self.allows(url),
+            None => default
+                .and_then(|default| Self::parse(default).ok())
+                .is_some_and(|own| own.allows(url)),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match &self.0 {
             None => "any URL".into(),
@@ -75,6 +87,18 @@ fn path_continues(prefix: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_list_credentials_go_only_under_the_operators_own_url() {
+        let own = Some("http://prometheus.monitoring:9090");
+        let any = AllowedUrls::any();
+        assert!(any.names_for_credentials("http://prometheus.monitoring:9090/api", own));
+        assert!(!any.names_for_credentials("https://elsewhere.example", own));
+        assert!(!any.names_for_credentials("https://prometheus.monitoring:9090", None));
+        let listed = AllowedUrls::parse("https://metrics.example/prom").unwrap();
+        assert!(listed.names_for_credentials("https://metrics.example/prom/x", None));
+        assert!(!listed.names_for_credentials("http://prometheus.monitoring:9090", own));
+    }
 
     #[test]
     fn a_prefix_allows_its_server_and_paths_below_it_only() {

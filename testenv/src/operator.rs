@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use lanepool::controller::{self, Context, Settings};
+use lanepool::leader::Fence;
 use lanepool::metrics::Metrics;
 use lanepool::prometheus::{AllowedUrls, QueryWindows};
 
@@ -50,8 +51,19 @@ impl InProcessOperator {
 
     /// Starts the controller with these settings.
     pub fn start_with(client: Client, namespaces: Vec<String>, settings: Settings) -> Self {
+        Self::start_fenced(client, namespaces, settings, Fence::open())
+    }
+
+    /// Starts the controller with these settings, writing only while `fence` is open, as a
+    /// leader does while it sees its lease renewed.
+    pub fn start_fenced(
+        client: Client,
+        namespaces: Vec<String>,
+        settings: Settings,
+        fence: Fence,
+    ) -> Self {
         let metrics = Arc::new(Metrics::default());
-        let ctx = Arc::new(Context::new(client, metrics.clone(), settings));
+        let ctx = Arc::new(Context::new(client, metrics.clone(), settings).with_fence(fence));
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = futures::FutureExt::shared(Box::pin(async move {
             let _ = stopped.await;

@@ -45,8 +45,14 @@ pub(super) struct PoolMemory {
     pub(super) swept: Option<i64>,
     /// When this process last wrote the pool's status after a decision.
     pub(super) status_written: Option<Duration>,
+    /// The status as this process last wrote or found it after a decision: what a change of
+    /// what runs between decisions is written over.
+    pub(super) shown: Option<LanePoolStatus>,
     /// Decisions in a row with some lane's metrics unavailable.
     pub(super) failed_intervals: u32,
+    /// The Deployments no lane runs any more that still wait to go: looked up by name until they
+    /// are removed.
+    pub(super) leaving: BTreeSet<String>,
     /// The drains of shrinking Deployments, by Deployment name.
     pub(super) drains: BTreeMap<String, Drain>,
     /// The workers' finished-job counts read so far.
@@ -175,9 +181,10 @@ impl PoolMemory {
     /// Remembers what the Deployments were given for the spec's `generation` (every Deployment
     /// labelled as the pool's was looked at for it), and ends the drains of the shrinks that went.
     pub(super) fn rolled_out(&mut self, release: Release, generation: Option<i64>) {
-        for deployment in &release.shrinking {
+        for deployment in release.shrinking.iter().chain(&release.remove) {
             self.drains.remove(deployment);
         }
+        self.leaving = release.staying.into_iter().collect();
         self.applied = Some(release.replicas);
         self.swept = generation;
     }
@@ -343,6 +350,8 @@ mod tests {
             taking_over: BTreeSet::from(["jobs-urgent-reserved".to_string()]),
             shrinks: vec![],
             growth: None,
+            not_ready: vec![],
+            leaving: vec![],
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use super::workers::{Role, pool_roles, spec_replicas};
+use super::workers::{Role, leaving, pool_roles, spec_replicas};
 use crate::api::LanePool;
 use crate::sizing::Replicas;
 
@@ -65,6 +65,33 @@ pub(super) struct Rollout {
     /// What to write before any shrinking Deployment's Pod is asked anything: the step with every
     /// shrink held. `None` when nothing is to shrink (the step goes out in one write).
     pub(super) growth: Option<Replicas>,
+    /// While a shrink waits for the surge: the Deployments taking over that are not ready yet,
+    /// as (name, ready, target).
+    pub(super) not_ready: Vec<(String, i32, i32)>,
+    /// The Deployments no lane runs any more: (name, what it runs, what this step gives it: 0
+    /// once the surge lets it go).
+    pub(super) leaving: Vec<(String, i32, i32)>,
+}
+
+/// A shrink that waits: its Deployment, the count it runs and the one decided, what it waits for
+/// and the most it waits (`until`, since the process started).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Held {
+    pub(super) deployment: String,
+    pub(super) runs: i32,
+    pub(super) to: i32,
+    pub(super) waits_for: WaitsFor,
+    pub(super) until: Duration,
+}
+
+/// What a waiting shrink waits for.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum WaitsFor {
+    /// The Deployments taking over its capacity to be ready: (name, ready, target) of each one
+    /// not ready yet.
+    Ready(Vec<(String, i32, i32)>),
+    /// This many of its drained workers to finish their jobs.
+    Drained(usize),
 }
 
 /// What goes out once the drains have answered.
@@ -75,6 +102,10 @@ pub(super) struct Release {
     /// The Deployments that shrink with this write: their Pods are ranked first, and their drains
     /// end with it. Empty when the operator does not rank.
     pub(super) shrinking: Vec<String>,
+    /// The Deployments no lane runs that go now: removed, their drains ended.
+    pub(super) remove: Vec<String>,
+    /// Those that still wait (for the surge, or their drained workers), running as they are.
+    pub(super) staying: Vec<String>,
 }
 
 /// The way from the `live` Deployments to `decided`. A shrink starts from what this process
@@ -88,7 +119,11 @@ pub(super) fn rollout(
     surge: &Surge,
     rules: Rules,
 ) -> Rollout {
-    let roles = pool_roles(pool, decided);
+    // The lanes' Deployments, then those no lane runs any more: they shrink to 0, and go.
+    let mut roles = pool_roles(pool, decided);
+    let ours = roles.len();
+    let gone = leaving(pool, live.values());
+    roles.extend(gone.into_iter().map(|(name, role)| (name, role, 0)));
     let own = counts_by_name(pool, own);
     let counts: Vec<surge::Counts> = roles
         .iter()
@@ -113,6 +148,12 @@ pub(super) fn rollout(
         .map(|((name, _, _), _)| name.clone())
         .collect();
     let step_now = surge::step(&counts, surge.waited, rules.surge_timeout);
+    let not_ready = roles
+        .iter()
+        .zip(&counts)
+        .filter(|(_, c)| step_now.waiting && c.takes_over && c.ready < c.target)
+        .map(|((name, _, _), c)| (name.clone(), c.ready, c.target))
+        .collect();
     let shrinks = roles
         .iter()
         .zip(&counts)
@@ -131,8 +172,14 @@ pub(super) fn rollout(
         })
         .collect::<Vec<_>>();
     let mut step = decided.clone();
-    for ((_, role, _), count) in roles.iter().zip(step_now.apply) {
-        set(&mut step, role, count);
+    let mut leaving_step = Vec::new();
+    for (i, ((name, role, _), count)) in roles.iter().zip(step_now.apply).enumerate() {
+        if i < ours {
+            set(&mut step, role, count);
+        } else {
+            let runs = counts[i].live.unwrap_or(0);
+            leaving_step.push((name.clone(), runs, count));
+        }
     }
     let shrinking_now = rules.rank && !shrinking(pool, live, &step).is_empty();
     let growth = (!shrinks.is_empty() || shrinking_now).then(|| hold(pool, live, &step, |_| true));
@@ -142,10 +189,64 @@ pub(super) fn rollout(
         taking_over,
         shrinks,
         growth,
+        not_ready,
+        leaving: leaving_step,
     }
 }
 
 impl Rollout {
+    /// The shrinks that still wait once `release` goes out, towards `decided`: for their drained
+    /// workers (`drains`), or for the surge, which waits until `surge_ends` at the latest.
+    pub(super) fn held(
+        &self,
+        pool: &LanePool,
+        decided: &Replicas,
+        release: &Release,
+        drains: &BTreeMap<String, drain::Drain>,
+        surge_ends: Duration,
+        now: Duration,
+    ) -> Vec<Held> {
+        let mut runs = counts_by_name(pool, Some(&release.replicas));
+        let mut roles: Vec<(String, i32)> = pool_roles(pool, decided)
+            .into_iter()
+            .map(|(name, _, to)| (name, to))
+            .collect();
+        for (name, live, _) in self
+            .leaving
+            .iter()
+            .filter(|l| release.staying.contains(&l.0))
+        {
+            runs.insert(name.clone(), *live);
+            roles.push((name.clone(), 0));
+        }
+        roles
+            .into_iter()
+            .filter_map(|(deployment, to)| {
+                let runs = *runs.get(&deployment)?;
+                if runs <= to {
+                    return None;
+                }
+                let drain = drains.get(&deployment).filter(|d| d.holds(now));
+                let (waits_for, until) = match drain {
+                    Some(drain) => {
+                        let busy = drain.pods.values().filter(|p| !p.idle).count();
+                        let first = drain.pods.values().map(|p| p.asked_at).min();
+                        let until = first.unwrap_or(now) + drain.timeout;
+                        (WaitsFor::Drained(busy), until)
+                    }
+                    None => (WaitsFor::Ready(self.not_ready.clone()), surge_ends),
+                };
+                Some(Held {
+                    deployment,
+                    runs,
+                    to,
+                    waits_for,
+                    until,
+                })
+            })
+            .collect()
+    }
+
     /// What goes out now that the drains said which shrinks they still hold (`held`).
     pub(super) fn release(
         &self,
@@ -160,9 +261,21 @@ impl Rollout {
         } else {
             Vec::new()
         };
+        let (remove, staying) = self
+            .leaving
+            .iter()
+            .partition::<Vec<_>, _>(|(name, _, step)| *step == 0 && !held.contains(name));
         Release {
             replicas,
             shrinking,
+            remove: remove
+                .into_iter()
+                .map(|(name, _, _)| name.clone())
+                .collect(),
+            staying: staying
+                .into_iter()
+                .map(|(name, _, _)| name.clone())
+                .collect(),
         }
     }
 }

@@ -16,6 +16,7 @@ fn pool() -> LanePool {
     let mut pool: LanePool =
         serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap();
     pool.metadata.namespace = Some("team".into());
+    pool.metadata.uid = Some("pool-uid".into());
     pool
 }
 
@@ -285,4 +286,103 @@ fn a_count_someone_else_set_is_restored_at_once() {
         "from the operator's own 9 nothing shrinks"
     );
     assert_eq!(rollout.step, own);
+}
+
+#[test]
+fn a_removed_lanes_deployment_leaves_the_way_a_shrink_does() {
+    // The pool had a second reserve lane, critical, with 2 workers; it is removed from the spec
+    // and its 2 workers go to shared (9 → 11).
+    let mut before = pool();
+    let mut critical = before.spec.lanes[0].clone();
+    critical.name = "critical".into();
+    before.spec.lanes.insert(1, critical);
+    let two_lanes = Replicas {
+        reserved: BTreeMap::from([("urgent".into(), 1), ("critical".into(), 2)]),
+        shared: 9,
+    };
+    let live: BTreeMap<String, Deployment> = worker_deployments(&before, &two_lanes)
+        .into_iter()
+        .map(|mut d| {
+            let count = d.spec.as_ref().and_then(|s| s.replicas);
+            d.status = Some(DeploymentStatus {
+                ready_replicas: count,
+                ..Default::default()
+            });
+            (d.name_any(), d)
+        })
+        .collect();
+    let decided = replicas(1, 11);
+    let now = replicas(1, 9);
+    let first = rollout(
+        &pool(),
+        &live,
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    );
+    assert_eq!(first.step, decided, "shared grows at once");
+    assert!(
+        first.waiting,
+        "the removed lane's workers wait for shared to be ready"
+    );
+    assert_eq!(
+        first.leaving,
+        [("jobs-critical-reserved".to_string(), 2, 2)]
+    );
+    assert!(
+        first
+            .shrinks
+            .iter()
+            .any(|s| s.deployment == "jobs-critical-reserved" && s.to == 0),
+        "and drain meanwhile: {:?}",
+        first.shrinks
+    );
+    let release = first.release(&pool(), &live, &BTreeSet::new(), DRAIN_AND_RANK);
+    assert!(release.remove.is_empty());
+    assert_eq!(release.staying, ["jobs-critical-reserved"]);
+    let held = first.held(
+        &pool(),
+        &decided,
+        &release,
+        &BTreeMap::new(),
+        TIMEOUT,
+        Duration::ZERO,
+    );
+    assert!(
+        held.iter()
+            .any(|h| h.deployment == "jobs-critical-reserved" && h.runs == 2 && h.to == 0),
+        "{held:?}"
+    );
+    // Shared ready at 11: the Deployment goes, unless a drain still holds it.
+    let mut grown = live.clone();
+    let shared = grown.get_mut("jobs-shared").unwrap();
+    shared.spec.as_mut().unwrap().replicas = Some(11);
+    shared.status = Some(DeploymentStatus {
+        ready_replicas: Some(11),
+        ..Default::default()
+    });
+    let surge = Surge {
+        waited: Some(Duration::from_secs(5)),
+        taking_over: first.taking_over.clone(),
+    };
+    let next = rollout(
+        &pool(),
+        &grown,
+        &decided,
+        Some(&decided),
+        &surge,
+        DRAIN_AND_RANK,
+    );
+    assert!(!next.waiting);
+    let drained = BTreeSet::from(["jobs-critical-reserved".to_string()]);
+    let holding = next.release(&pool(), &grown, &drained, DRAIN_AND_RANK);
+    assert_eq!(
+        holding.staying,
+        ["jobs-critical-reserved"],
+        "its drain holds it"
+    );
+    let gone = next.release(&pool(), &grown, &BTreeSet::new(), DRAIN_AND_RANK);
+    assert_eq!(gone.remove, ["jobs-critical-reserved"]);
+    assert!(gone.staying.is_empty());
 }

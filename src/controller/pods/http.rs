@@ -35,6 +35,8 @@ pub(crate) enum Refused {
     OutOfTime,
     #[error("no HTTP client for Pods")]
     NoClient,
+    #[error("not asked: this replica's leader lease was not seen renewed in time")]
+    NotLeader,
 }
 
 impl Refused {
@@ -45,7 +47,11 @@ impl Refused {
             Self::Redirect { .. } => Some("redirect"),
             Self::TooLong | Self::TooManyLines => Some("too_large"),
             Self::NotText => Some("not_text"),
-            Self::Http(_) | Self::Status(_) | Self::OutOfTime | Self::NoClient => None,
+            Self::Http(_)
+            | Self::Status(_)
+            | Self::OutOfTime
+            | Self::NoClient
+            | Self::NotLeader => None,
         }
     }
 }

@@ -225,7 +225,11 @@ impl PoolPods<'_> {
         futures::stream::iter(pods)
             .map(|(name, address, seconds)| async move {
                 let path = format!("/drain?seconds={seconds}");
-                let answer = self.request(|| http::post(&address, &path)).await;
+                let answer = if self.ctx.may_write() {
+                    self.request(|| http::post(&address, &path)).await
+                } else {
+                    Err(Refused::NotLeader)
+                };
                 if let Err(refused) = &answer {
                     count(self.ctx, refused);
                     debug!(pod = %name, %address, error = %refused, "worker not asked to drain");
