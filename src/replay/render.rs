@@ -67,7 +67,7 @@ pub fn text(heading: &Heading, replay: &Replay) -> String {
     )];
     for span in history.skipped() {
         lines.push(format!(
-            "skipped, no arrival rate: {} (Prometheus had no samples, or the lane did not exist yet)",
+            "skipped {}: no arrival rate (Prometheus had no samples, or the lane did not exist yet)",
             history.describe(span)
         ));
     }
@@ -161,6 +161,12 @@ pub fn text(heading: &Heading, replay: &Replay) -> String {
     lines.join("\n")
 }
 
+/// Microsecond precision for milliseconds, thousandths for the rest: as `lanepool simulate
+/// --output json` rounds them, so the two compare exactly.
+fn round(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
 fn number(value: f64) -> Value {
     if value.is_finite() {
         json!(value)
@@ -192,16 +198,18 @@ pub fn json(heading: &Heading, replay: &Replay) -> String {
                 ),
                 Policy::Hindsight { millis } => ("hindsight", json!({"target_p99_ms": millis})),
             };
+            let hindsight = matches!(row.policy, Policy::Hindsight { .. });
             let mut value = json!({
                 "policy": row.policy.name(),
                 "kind": kind,
                 "urgent": {
-                    "submitted": row.urgent_submitted,
-                    "completed": row.urgent_completed,
-                    "p99_ms": row.p99_ms,
+                    // The hindsight reference takes its jobs from the static splits.
+                    "submitted": (!hindsight).then_some(row.urgent_submitted),
+                    "completed": (!hindsight).then_some(row.urgent_completed),
+                    "p99_ms": row.p99_ms.map(round),
                     "wait_p99_over_job_time": row.wait_over_job(replay.job_ms).map(number),
                 },
-                "batch": {"throughput_per_s": row.batch_per_second},
+                "batch": {"throughput_per_s": round(row.batch_per_second)},
                 "reserve": {
                     "mean": row.mean_reserve,
                     "changes_per_hour": number(row.reserve_changes_per_hour),
