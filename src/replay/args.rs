@@ -38,7 +38,7 @@ pub struct ReplayArgs {
     #[arg(short, long, value_name = "FILE.yaml")]
     pub file: Option<PathBuf>,
 
-    /// The window: this long, up to now (or --to).
+    /// The window: this long, up to now (or --to). Default 24h.
     #[arg(long, value_parser = duration::flag, conflicts_with = "from")]
     pub since: Option<Duration>,
     /// The window's start, RFC 3339 (2026-12-01T00:00:00Z); with --to, or up to now.
@@ -90,6 +90,8 @@ pub struct ReplayArgs {
     /// The seed of the simulated arrivals and batch job times: the same seed, the same replay.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// text: the table and the recommendation; json: one object for scripts (with the
+    /// `lanepool simulate` flags that rerun each static row).
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputArg,
     /// Draw the measured arrival rate, and the reserve and urgent p99 of the current settings

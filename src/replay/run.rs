@@ -205,7 +205,11 @@ fn set_beyond_defaults(spec: &LanePoolSpec, lane: usize) -> Vec<String> {
     if spec.interval.as_str() != crate::api::DEFAULT_INTERVAL {
         fields.push("spec.interval".into());
     }
-    if spec.scale_down.is_some() {
+    if spec
+        .scale_down
+        .as_ref()
+        .is_some_and(|s| *s != crate::api::ScaleDown::default())
+    {
         fields.push("spec.scaleDown".into());
     }
     fields
@@ -498,11 +502,15 @@ pub fn recommend(rows: &[Row], job_ms: f64, spec: &LanePoolSpec, lane: usize) ->
         .filter(settable)
         .filter(|r| r.wait_within_job_time(job_ms))
         .collect();
-    let Some(best) = passing
+    // The first of equals wins: the current settings, then the defaults, then the rest in order.
+    let best = passing
         .iter()
         .copied()
-        .max_by(|a, b| a.batch_per_second.total_cmp(&b.batch_per_second))
-    else {
+        .fold(None::<&Row>, |best, row| match best {
+            Some(b) if b.batch_per_second >= row.batch_per_second => Some(b),
+            _ => Some(row),
+        });
+    let Some(best) = best else {
         return Recommendation {
             policy: None,
             words: format!(
@@ -534,16 +542,32 @@ pub fn recommend(rows: &[Row], job_ms: f64, spec: &LanePoolSpec, lane: usize) ->
             fields: Vec::new(),
         };
     }
-    let versus = current.map_or(String::new(), |c| {
-        if c.batch_per_second > 0.0 {
-            format!(
-                ", {:+.1} % against the current settings",
-                (best.batch_per_second / c.batch_per_second - 1.0) * 100.0
-            )
-        } else {
-            String::new()
-        }
-    });
+    let words = match current {
+        Some(c) if c.wait_within_job_time(job_ms) => format!(
+            "Use {}: urgent wait p99 {} ms stays within the job time ({} ms), with {} batch jobs/s, {:+.1} % over the current settings.",
+            best.policy.name(),
+            wait(best),
+            trim(job_ms),
+            trim(best.batch_per_second),
+            (best.batch_per_second / c.batch_per_second.max(1e-9) - 1.0) * 100.0
+        ),
+        Some(c) => format!(
+            "The current settings let urgent wait p99 rise above the job time ({} ms against {} ms): the reserve is too small for this load. Use {}: urgent wait p99 {} ms, within the job time, with the most batch throughput of the policies that keep it there, {} jobs/s (the current settings: {}).",
+            wait(c),
+            trim(job_ms),
+            best.policy.name(),
+            wait(best),
+            trim(best.batch_per_second),
+            trim(c.batch_per_second)
+        ),
+        None => format!(
+            "Use {}: urgent wait p99 {} ms stays within the job time ({} ms) with the most batch throughput, {} jobs/s.",
+            best.policy.name(),
+            wait(best),
+            trim(job_ms),
+            trim(best.batch_per_second)
+        ),
+    };
     let reserve = format!("spec.lanes[{lane}].reserve");
     let fields = match &best.policy {
         Policy::Defaults => set_beyond_defaults(spec, lane)
@@ -562,13 +586,76 @@ pub fn recommend(rows: &[Row], job_ms: f64, spec: &LanePoolSpec, lane: usize) ->
     };
     Recommendation {
         policy: Some(best.policy.clone()),
-        words: format!(
-            "Use {}: urgent wait p99 {} ms stays within the job time ({} ms) with the most batch throughput, {} jobs/s{versus}.",
-            best.policy.name(),
-            wait(best),
-            trim(job_ms),
-            trim(best.batch_per_second)
-        ),
+        words,
         fields,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: Policy, p99_ms: f64, batch: f64) -> Row {
+        Row {
+            policy,
+            urgent_submitted: 1000,
+            urgent_completed: 1000,
+            p99_ms: Some(p99_ms),
+            batch_per_second: batch,
+            reserve_changes_per_hour: 0.0,
+            mean_reserve: 2.0,
+            worker_seconds: 0.0,
+            share_of_hindsight: None,
+        }
+    }
+
+    fn formula_spec() -> LanePoolSpec {
+        let pool: crate::api::LanePool =
+            serde_yaml::from_str(include_str!("../../tests/fixtures/formula-pool.yaml")).unwrap();
+        pool.spec
+    }
+
+    #[test]
+    fn current_settings_whose_wait_exceeds_the_job_time_give_way_to_the_first_best_that_keeps_it() {
+        let rows = [
+            row(Policy::Current, 41.7, 42.4),
+            row(Policy::Defaults, 31.3, 37.6),
+            row(Policy::LatencyTarget { millis: 40 }, 31.3, 37.6),
+            row(Policy::Static { reserved: 0 }, 25.0, 47.0),
+            row(Policy::Hindsight { millis: 40 }, 30.0, 41.0),
+        ];
+        let r = recommend(&rows, 20.0, &formula_spec(), 0);
+        assert_eq!(r.policy, Some(Policy::Defaults), "{r:?}");
+        assert!(r.words.contains("the reserve is too small"), "{}", r.words);
+        assert_eq!(
+            r.fields,
+            vec![
+                "spec.lanes[0].reserve.sizing: remove (the default)",
+                "spec.headroom: remove (the default)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_current_settings_are_kept_within_one_percent_and_no_passing_policy_asks_for_workers() {
+        let rows = [
+            row(Policy::Current, 30.0, 40.0),
+            row(Policy::Static { reserved: 2 }, 30.0, 40.2),
+        ];
+        let r = recommend(&rows, 20.0, &formula_spec(), 0);
+        assert_eq!(r.policy, Some(Policy::Current));
+        assert!(r.fields.is_empty());
+        let rows = [row(Policy::Current, 90.0, 40.0)];
+        let r = recommend(&rows, 20.0, &formula_spec(), 0);
+        assert_eq!(r.policy, None);
+        assert!(r.words.contains("needs more workers"), "{}", r.words);
+    }
+
+    #[test]
+    fn more_than_one_percent_of_urgent_jobs_unfinished_is_an_unbounded_wait() {
+        let mut r = row(Policy::Static { reserved: 1 }, 25.0, 40.0);
+        r.urgent_completed = 980;
+        assert_eq!(r.wait_over_job(20.0), Some(f64::INFINITY));
+        assert!(!r.wait_within_job_time(20.0));
     }
 }
