@@ -155,7 +155,7 @@ pub fn text(heading: &Heading, replay: &Replay) -> String {
     lines.push(String::new());
     lines.push(format!("recommendation: {}", replay.recommendation.words));
     for field in &replay.recommendation.fields {
-        lines.push(format!("  set {field}"));
+        lines.push(format!("  {field}"));
     }
     lines.push("Nothing was written to the cluster.".into());
     lines.join("\n")

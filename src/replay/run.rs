@@ -518,7 +518,8 @@ pub fn recommend(rows: &[Row], job_ms: f64, spec: &LanePoolSpec, lane: usize) ->
                 trim(job_ms)
             ),
             fields: vec![
-                "spec.totalWorkers (or spec.shared.replicas), and the lane's reserve.max".into(),
+                "raise spec.totalWorkers (or spec.shared.replicas), and the lane's reserve.max"
+                    .into(),
             ],
         };
     };
@@ -572,15 +573,15 @@ pub fn recommend(rows: &[Row], job_ms: f64, spec: &LanePoolSpec, lane: usize) ->
     let fields = match &best.policy {
         Policy::Defaults => set_beyond_defaults(spec, lane)
             .into_iter()
-            .map(|field| format!("{field}: remove (the default)"))
+            .map(|field| format!("remove {field} (the default applies)"))
             .collect(),
         Policy::LatencyTarget { millis } => vec![
-            format!("{reserve}.sizing: LatencyTarget"),
-            format!("{reserve}.targetP99: {millis}ms"),
+            format!("set {reserve}.sizing: LatencyTarget"),
+            format!("set {reserve}.targetP99: {millis}ms"),
         ],
         Policy::Static { reserved } => vec![
-            format!("{reserve}.min: {reserved}"),
-            format!("{reserve}.max: {reserved}"),
+            format!("set {reserve}.min: {reserved}"),
+            format!("set {reserve}.max: {reserved}"),
         ],
         Policy::Current | Policy::Hindsight { .. } => Vec::new(),
     };
@@ -630,8 +631,8 @@ mod tests {
         assert_eq!(
             r.fields,
             vec![
-                "spec.lanes[0].reserve.sizing: remove (the default)",
-                "spec.headroom: remove (the default)"
+                "remove spec.lanes[0].reserve.sizing (the default applies)",
+                "remove spec.headroom (the default applies)"
             ]
         );
     }
