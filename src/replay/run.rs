@@ -409,13 +409,12 @@ pub fn replay(
         ));
     }
     let outcomes = in_parallel(&runs, |(_, scenario)| simulate(scenario));
-    let statics: Vec<Outcome> = runs
+    // The static splits come last, from 0 reserved up: the oracle reads them in place.
+    let first_static = runs
         .iter()
-        .zip(&outcomes)
-        .filter(|((policy, _), _)| matches!(policy, Policy::Static { .. }))
-        .map(|(_, outcome)| outcome.clone())
-        .collect();
-    let oracle = Oracle::from_runs(&base, &statics);
+        .position(|(policy, _)| matches!(policy, Policy::Static { .. }))
+        .unwrap_or(runs.len());
+    let oracle = Oracle::from_runs(&base, &outcomes[first_static..]);
     let curve = oracle.curve_from(job_ms);
     let hours = base.duration as f64 / 3.6e12;
     let seconds = base.duration as f64 / 1e9;
