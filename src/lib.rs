@@ -10,7 +10,7 @@
 //!   convention's queries; it knows nothing of the controller;
 //! - [`controller`]: the reconcile pipeline, read → step → measure → decide → apply → report;
 //! - [`run`], [`leader`], [`server`], [`metrics`]: `lanepool run` around the controller;
-//! - [`plan`] and [`simulate`]: the `plan` and `simulate` commands.
+//! - [`plan`], [`simulate`] and [`replay`]: the `plan`, `simulate` and `replay` commands.
 
 pub mod api;
 pub mod controller;
@@ -21,6 +21,7 @@ pub mod leader;
 pub mod metrics;
 pub mod plan;
 pub mod prometheus;
+pub mod replay;
 pub mod run;
 pub mod server;
 pub mod simulate;

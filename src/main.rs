@@ -29,6 +29,10 @@ enum Command {
     /// Simulate a pool with an urgent lane and a batch backlog: latency and throughput of a
     /// split, the guide's table, or the operator's sizing in a closed loop.
     Simulate(Box<lanepool::simulate::command::args::SimulateArgs>),
+    /// Replay a LanePool's own past traffic from Prometheus through the simulator: what its
+    /// current settings, the defaults, static splits and latency targets would have given, beside
+    /// a hindsight reference, and which to set. Reads only; writes nothing to the cluster.
+    Replay(Box<lanepool::replay::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code())
             }
         },
+        Command::Replay(args) => replay(&args),
         Command::Plan(args) => match lanepool::plan::run(&args) {
             Ok(lines) => {
                 for line in lines {
@@ -74,5 +79,36 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code())
             }
         },
+    }
+}
+
+/// `lanepool replay` on a runtime of its own; warnings and errors go to stderr (`RUST_LOG` for
+/// more).
+fn replay(args: &lanepool::replay::ReplayArgs) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(lanepool::replay::replay(args)) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }

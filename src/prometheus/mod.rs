@@ -1,6 +1,7 @@
 //! Prometheus access, on its own: which servers a pool may name ([`allowed`]), how to reach one
 //! (URL, timeout, bearer token or basic auth, CA, client certificate, headers), one HTTP client
-//! per distinct connection, and bounded instant queries ([`query`]) whose answers come back as
+//! per distinct connection, and bounded instant queries ([`query`]) (and, for `lanepool replay`,
+//! range queries: [`range`]) whose answers come back as
 //! plain numbers (or the reason there are none), at most a set number at once across the
 //! operator. It knows nothing of the controller; what to ask comes from [`queries`], what an
 //! answer means from [`crate::sizing`].
@@ -8,6 +9,7 @@
 pub mod allowed;
 pub mod queries;
 pub mod query;
+pub mod range;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -232,6 +234,39 @@ impl Client {
         self.run(promql, query::OWN_BOUNDS)
             .await
             .map(|series| series.into_iter().map(|(_, value)| value).collect())
+    }
+
+    /// One lane's question over a past range, as `lanepool replay` asks it: a pool's own query,
+    /// or the lane-alone form of a shared one (a shared range answer would hold every pool's
+    /// lanes). Its points, in time order; none when it has no series; an error when it has more
+    /// than one, as for an instant query.
+    pub async fn ask_range(
+        &self,
+        query: &Query,
+        range: range::Range,
+    ) -> std::result::Result<Vec<(f64, f64)>, String> {
+        let promql = match query {
+            Query::Own(promql) | Query::Shared { own: promql, .. } => promql,
+        };
+        let permit = self.in_flight.acquire().await;
+        let started = Instant::now();
+        let endpoint = format!("{}_range", self.endpoint);
+        let answer = match permit {
+            Ok(_permit) => {
+                range::range(&self.http, &endpoint, promql, range, query::OWN_BOUNDS).await
+            }
+            Err(_) => Err("the operator is stopping".to_string()),
+        };
+        self.metrics
+            .observe_query(started.elapsed(), answer.as_ref().err().map(|_| "failed"));
+        let mut series = answer.map_err(|reason| format!("{reason} (query: {promql})"))?;
+        match series.len() {
+            0 => Ok(Vec::new()),
+            1 => Ok(series.pop().map(|(_, points)| points).unwrap_or_default()),
+            n => Err(format!(
+                "the query returned {n} series; it must aggregate to one, such as sum(...) (query: {promql})"
+            )),
+        }
     }
 
     /// Runs one instant query of the pool's own, keeping each series' labels.

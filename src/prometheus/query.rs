@@ -147,7 +147,10 @@ pub(super) async fn instant(
 
 /// The body, or an error once it passes [`MAX_ANSWER_BYTES`]: an endless answer costs at most
 /// that much memory and the connection's timeout.
-async fn read_bounded(mut response: reqwest::Response, most: usize) -> Result<Vec<u8>, String> {
+pub(super) async fn read_bounded(
+    mut response: reqwest::Response,
+    most: usize,
+) -> Result<Vec<u8>, String> {
     if response
         .content_length()
         .is_some_and(|length| length > most as u64)
@@ -173,7 +176,7 @@ fn too_long(most: usize) -> String {
 
 /// A failed TLS handshake, with the field that fixes it: the server refused ours (it wants a
 /// client certificate its CA signed), or we refused the server's (its CA is not trusted).
-fn with_tls_hint(reason: String) -> String {
+pub(super) fn with_tls_hint(reason: String) -> String {
     if reason.contains("received fatal alert") {
         format!(
             "{reason}: Prometheus refused the TLS handshake; if it requires a client certificate, set spec.prometheus.clientCertificateSecret to one its client CA signed"

@@ -1,11 +1,12 @@
 //! A real local control plane for tests and the demo: etcd, kube-apiserver, optionally
-//! kube-controller-manager, and Prometheus as processes on 127.0.0.1, the way envtest does it
-//! for Go operators. It must never leave a process running after the process that started it
-//! is gone.
+//! kube-controller-manager, and Prometheus as processes on 127.0.0.1 (empty, or holding a
+//! recorded history backfilled with promtool), the way envtest does it for Go operators. It
+//! must never leave a process running after the process that started it is gone.
 
 mod certs;
 mod control_plane;
 mod examples;
+mod history;
 mod operator;
 mod process;
 mod prometheus;
@@ -17,6 +18,10 @@ use std::path::PathBuf;
 
 pub use control_plane::{ControlPlane, Controllers, shared, shared_with, unique_name};
 pub use examples::example;
+pub use history::{
+    DAY_CREATED, DAY_OUTAGE, DAY_PEAK, DAY_SPIKES, RecordedLane, Recording, day_urgent_rate,
+    synthetic_day,
+};
 pub use operator::InProcessOperator;
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};

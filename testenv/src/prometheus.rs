@@ -203,6 +203,11 @@ impl TestPrometheus {
         Ok(prometheus)
     }
 
+    /// Keeps `temp` (its data directory) as long as this Prometheus.
+    pub(crate) fn keep_dir(&mut self, temp: tempfile::TempDir) {
+        self._temp = Some(temp);
+    }
+
     /// Its base URL, such as http://127.0.0.1:41234 (https:// when guarded).
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 pub mod args;
-mod plot;
+pub mod plot;
 mod render;
 mod series;
 

@@ -1,5 +1,7 @@
-//! `--plot FILE.svg`: four stacked panels over time (urgent rate, reserve, urgent p99 per window,
-//! batch throughput), written as plain SVG so no plotting library is needed.
+//! `--plot FILE.svg`: stacked panels over time (urgent rate, reserve, urgent p99 per window,
+//! batch throughput), written as plain SVG so no plotting library is needed. [`chart`] draws any
+//! such panels, one or more lines each, broken where a line has gaps; `lanepool replay` uses it
+//! too.
 
 use std::fmt::Write as _;
 
@@ -12,33 +14,48 @@ const GAP: f64 = 30.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 
-struct Panel {
+/// One line of a panel: a label for the legend and its points, in runs (a gap between runs is
+/// drawn as a break, not a line across it).
+pub struct Line {
+    pub label: String,
+    pub colour: &'static str,
+    pub runs: Vec<Vec<(f64, f64)>>,
+}
+
+/// One panel: a title, the unit of its values and its lines, all on one scale from 0.
+pub struct Panel {
+    pub title: String,
+    pub unit: &'static str,
+    pub lines: Vec<Line>,
+}
+
+struct SimulatePanel {
     title: &'static str,
     unit: &'static str,
     colour: &'static str,
     value: fn(&SeriesPoint) -> Option<f64>,
 }
 
-const PANELS: [Panel; 4] = [
-    Panel {
+const PANELS: [SimulatePanel; 4] = [
+    SimulatePanel {
         title: "urgent arrival rate",
         unit: "/s",
         colour: "#d62728",
         value: |p| Some(p.urgent_rate),
     },
-    Panel {
+    SimulatePanel {
         title: "reserved workers",
         unit: "",
         colour: "#1f77b4",
         value: |p| Some(p.reserve),
     },
-    Panel {
+    SimulatePanel {
         title: "urgent p99 per window",
         unit: " ms",
         colour: "#ff7f0e",
         value: |p| p.summary.p99_ms,
     },
-    Panel {
+    SimulatePanel {
         title: "batch throughput",
         unit: "/s",
         colour: "#2ca02c",
@@ -48,31 +65,73 @@ const PANELS: [Panel; 4] = [
 
 pub fn svg(outcome: &Outcome) -> String {
     let points = outcome.series();
-    let height = GAP + PANELS.len() as f64 * (PANEL + GAP);
+    let panels: Vec<Panel> = PANELS
+        .iter()
+        .map(|panel| Panel {
+            title: panel.title.to_string(),
+            unit: panel.unit,
+            lines: vec![Line {
+                label: String::new(),
+                colour: panel.colour,
+                runs: vec![
+                    points
+                        .iter()
+                        .filter_map(|p| (panel.value)(p).map(|v| (p.start_s, v)))
+                        .collect(),
+                ],
+            }],
+        })
+        .collect();
     let end = outcome.duration as f64 / 1e9;
-    let x = |t: f64| LEFT + (WIDTH - LEFT - RIGHT) * t / end.max(1e-9);
+    chart(&panels, end, &format!("time (s), 0 to {}", trim(end)))
+}
+
+/// Stacked `panels` over x from 0 to `x_end`, with `x_label` under them.
+pub fn chart(panels: &[Panel], x_end: f64, x_label: &str) -> String {
+    let height = GAP + panels.len() as f64 * (PANEL + GAP);
+    let x = |t: f64| LEFT + (WIDTH - LEFT - RIGHT) * t / x_end.max(1e-9);
     let mut out = String::new();
     let _ = writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    for (i, panel) in PANELS.iter().enumerate() {
+    for (i, panel) in panels.iter().enumerate() {
         let top = GAP + i as f64 * (PANEL + GAP);
         let bottom = top + PANEL;
-        let values: Vec<(f64, f64)> = points
+        let high = panel
+            .lines
             .iter()
-            .filter_map(|p| (panel.value)(p).map(|v| (p.start_s, v)))
+            .flat_map(|line| line.runs.iter().flatten())
+            .map(|(_, v)| *v)
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max)
+            .max(1e-9);
+        let y = |v: f64| bottom - PANEL * v.min(high) / high;
+        let legend: Vec<String> = panel
+            .lines
+            .iter()
+            .filter(|line| !line.label.is_empty())
+            .map(|line| {
+                format!(
+                    r#"<tspan fill="{}">■ {}</tspan>"#,
+                    line.colour,
+                    escape(&line.label)
+                )
+            })
             .collect();
-        let high = values.iter().map(|(_, v)| *v).fold(0.0, f64::max).max(1e-9);
-        let y = |v: f64| bottom - PANEL * v / high;
+        let legend = if legend.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", legend.join(" "))
+        };
         let _ = writeln!(
             out,
-            r#"<text x="{LEFT}" y="{}">{} (max {}{})</text>"#,
+            r#"<text x="{LEFT}" y="{}">{} (max {}{}){legend}</text>"#,
             top - 6.0,
-            panel.title,
+            escape(&panel.title),
             trim(high),
-            panel.unit
+            panel.unit,
         );
         let _ = writeln!(
             out,
@@ -86,23 +145,34 @@ pub fn svg(outcome: &Outcome) -> String {
             trim(high)
         );
         let _ = writeln!(out, r#"<text x="4" y="{bottom}">0</text>"#);
-        let path: Vec<String> = values
-            .iter()
-            .map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v)))
-            .collect();
-        let _ = writeln!(
-            out,
-            r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
-            panel.colour,
-            path.join(" ")
-        );
+        for line in &panel.lines {
+            for run in &line.runs {
+                let path: Vec<String> = run
+                    .iter()
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
+                    line.colour,
+                    path.join(" ")
+                );
+            }
+        }
     }
     let _ = writeln!(
         out,
-        r#"<text x="{LEFT}" y="{}">time (s), 0 to {}</text>"#,
+        r#"<text x="{LEFT}" y="{}">{}</text>"#,
         height - 8.0,
-        trim(end)
+        escape(x_label)
     );
     out.push_str("</svg>\n");
     out
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

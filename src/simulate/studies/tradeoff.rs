@@ -3,9 +3,9 @@
 //! targets) and for an oracle that picks the best static split for each phase in hindsight.
 
 use crate::duration::trim;
-use crate::simulate::engine::outcome::{Summary, summarize};
+use crate::simulate::engine::outcome::{Outcome, Summary, millis, summarize};
 use crate::simulate::engine::run;
-use crate::simulate::engine::scenario::{Autoscale, Nanos, Scenario};
+use crate::simulate::engine::scenario::{Autoscale, Nanos, Scenario, seconds};
 use crate::sizing::Rule;
 
 /// Latency targets tried for the autoscaled pool and the oracle, in milliseconds.
@@ -100,19 +100,33 @@ const SLICE: Nanos = 1_000_000_000;
 
 impl Oracle {
     pub fn new(base: &Scenario) -> Self {
+        let runs: Vec<Outcome> = (0..base.workers)
+            .map(|reserved| run(&Self::split(base, reserved)))
+            .collect();
+        Self::from_runs(base, &runs)
+    }
+
+    /// The static split the oracle runs for `reserved`: `base` with that reserve for the whole
+    /// run, counted in one-second windows.
+    pub fn split(base: &Scenario, reserved: u32) -> Scenario {
+        Scenario {
+            reserved,
+            autoscale: None,
+            window: SLICE,
+            ..base.clone()
+        }
+    }
+
+    /// The oracle from runs already made: `runs[k]` is [`Self::split`]`(base, k)`, for every
+    /// reserve from 0.
+    pub fn from_runs(base: &Scenario, runs: &[Outcome]) -> Self {
         let end = base.duration as f64 / 1e9;
         let phases = base.profile.phases(end);
         let mut by_phase: Vec<(Nanos, Vec<PhaseRun>)> = phases
             .iter()
             .map(|(from, to, _)| (((to - from) * 1e9).round() as Nanos, Vec::new()))
             .collect();
-        for reserved in 0..base.workers {
-            let outcome = run(&Scenario {
-                reserved,
-                autoscale: None,
-                window: SLICE,
-                ..base.clone()
-            });
+        for outcome in runs {
             // Completions slice by slice, in completion order.
             let mut done = 0usize;
             let slices: Vec<(&[Nanos], u64)> = outcome
@@ -168,20 +182,42 @@ impl Oracle {
             reserve_time += chosen as f64 * *length as f64;
             total += length;
         }
-        point(
-            format!("oracle p99≤{target_ms}ms"),
-            summarize(&latencies, latencies.len() as u64, batch, total),
-            reserve_time / total.max(1) as f64,
-        )
+        // The p99 by selection, not a sort: the same nearest rank, and a day's millions of
+        // latencies are read once per target.
+        let p99_ms = if latencies.is_empty() {
+            f64::INFINITY
+        } else {
+            let rank = ((0.99 * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
+            millis(*latencies.select_nth_unstable(rank - 1).1)
+        };
+        Point {
+            policy: format!("oracle p99≤{target_ms}ms"),
+            p99_ms,
+            batch_per_second: if total == 0 {
+                0.0
+            } else {
+                batch as f64 / seconds(total)
+            },
+            mean_reserve: reserve_time / total.max(1) as f64,
+        }
+    }
+
+    /// The oracle over targets from 20 ms to 200 ms, as [`Self::batch_at`] reads it.
+    pub fn curve(&self) -> Vec<Point> {
+        self.curve_from(20.0)
+    }
+
+    /// The oracle over targets from `lowest_ms` to ten times that, 46 of them.
+    pub fn curve_from(&self, lowest_ms: f64) -> Vec<Point> {
+        (0..=45)
+            .map(|i| self.point(lowest_ms * 10f64.powf(f64::from(i) / 45.0)))
+            .collect()
     }
 
     /// The oracle's batch throughput at `p99_ms`, read off its curve over targets from 20 ms to
     /// 200 ms (as the static frontier is read off the splits); `None` when it is never that fast.
     pub fn batch_at(&self, p99_ms: f64) -> Option<f64> {
-        let curve: Vec<Point> = (0..=45)
-            .map(|i| self.point(20.0 * 10f64.powf(f64::from(i) / 45.0)))
-            .collect();
-        frontier(&curve, p99_ms)
+        frontier(&self.curve(), p99_ms)
     }
 }
 

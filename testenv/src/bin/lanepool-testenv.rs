@@ -35,7 +35,16 @@ enum Command {
         #[arg(long)]
         no_controller_manager: bool,
     },
-    /// Stop what `up` started in DIR.
+    /// Start a Prometheus in DIR holding a recorded synthetic day of the pool NAMESPACE/jobs
+    /// (testenv's `synthetic_day`), ending at the last whole hour, for `lanepool replay`; leave
+    /// it running (stop it with `down`).
+    History {
+        #[arg(long, default_value = "target/replay-history")]
+        dir: PathBuf,
+        #[arg(long, default_value = "replay")]
+        namespace: String,
+    },
+    /// Stop what `up` or `history` started in DIR.
     Down {
         #[arg(long, default_value = "target/cluster")]
         dir: PathBuf,
@@ -57,6 +66,7 @@ async fn main() -> ExitCode {
             };
             up(&dir, &scrape, controllers).await
         }
+        Command::History { dir, namespace } => history(&dir, &namespace),
         Command::Down { dir } => down(&dir),
     };
     match result {
@@ -103,6 +113,37 @@ async fn up(dir: &Path, scrape: &[SocketAddr], controllers: Controllers) -> Resu
     );
     print!("{env}");
     plane.detach();
+    prometheus.detach();
+    Ok(())
+}
+
+fn history(dir: &Path, namespace: &str) -> Result<(), String> {
+    if pids(dir).iter().any(|pid| process_alive(*pid)) {
+        return Err(format!(
+            "a Prometheus is already running in {}: run down first",
+            dir.display()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_secs() as i64;
+    let end = now / 3600 * 3600;
+    let recording = lanepool_testenv::synthetic_day(namespace, "jobs", end);
+    let prometheus = TestPrometheus::start_on_history_in(&recording, &dir, Lifetime::Detached)
+        .map_err(|e| e.to_string())?;
+    std::fs::write(
+        dir.join("pids"),
+        prometheus
+            .pid()
+            .map(|p| format!("{p}\n"))
+            .unwrap_or_default(),
+    )
+    .map_err(|e| e.to_string())?;
+    println!("export PROMETHEUS_URL={}", prometheus.url());
+    println!("export HISTORY_END={end}");
     prometheus.detach();
     Ok(())
 }
