@@ -450,7 +450,15 @@ async fn a_promql_syntax_error_is_reported_with_prometheus_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_secret_makes_the_pool_not_ready_and_others_carry_on() {
-    let world = World::start("secret").await;
+    // Credentials go only to a URL the operator was told of.
+    let world = World::start_with(
+        "secret",
+        |settings| {
+            settings.allowed_prometheus_urls = AllowedUrls::parse("https://127.0.0.1:9").unwrap()
+        },
+        Duration::ZERO,
+    )
+    .await;
     world
         .apply_pool(|spec| {
             // https: a token is never read for a URL in clear.

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -15,13 +15,11 @@ use tracing::warn;
 use super::context::Context;
 use super::plan::cost::Sample;
 use super::protocol::{BUSY_METRIC, STARTED_METRIC};
+use crate::Result;
 use crate::api::LanePool;
 use crate::duration::human_seconds;
-use crate::prometheus::{
-    BasicAuth, Client, ClientCertificate, Connection, LaneQueries, default_job_time, pool_queries,
-};
+use crate::prometheus::{Client, Connection, LaneQueries, default_job_time, pool_queries, spec};
 use crate::sizing::{LaneLoad, Loads, RecentRate, lane_load, single_value};
-use crate::{Error, Result};
 
 /// Queries every lane at once (each lane's queries at once too, within the operator's limit on
 /// queries in flight; shared queries refreshed once per `period` for every pool) and reads
@@ -123,136 +121,25 @@ pub(super) async fn measure_pool(
             None,
         ));
     };
-    // Before any Secret is read or any connection made.
-    if !ctx.settings.allowed_prometheus_urls.allows(&url) {
-        return Err(Error::PrometheusUrlNotAllowed {
-            url,
-            allowed: ctx.settings.allowed_prometheus_urls.describe(),
-        });
-    }
-    let connection = connection(pool, ctx, url).await?;
+    let named = spec::Named {
+        allowed: &ctx.settings.allowed_prometheus_urls,
+        own: ctx.settings.default_prometheus_url.as_deref(),
+    };
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    let read = |name: String| {
+        let secrets = &secrets;
+        async move {
+            let action = format!("reading Secret {name}");
+            ctx.read(action, secrets.get_opt(&name)).await
+        }
+    };
+    let timeout = Duration::from_secs(5);
+    let connection = spec::connection(&source, url, named, timeout, read).await?;
     let client = ctx.prometheus.get(&connection)?;
     let period = refresh_period(ctx.settings.windows.scrape_interval);
     let loads = measure(&client, &queries, period, deadline(interval)).await;
     Ok((loads, Some(connection)))
-}
-
-async fn connection(pool: &LanePool, ctx: &Context, url: String) -> Result<Connection> {
-    let source = pool.spec.prometheus.clone().unwrap_or_default();
-    // The CRD checks this for a URL in the spec; the operator's --prometheus-url is checked here,
-    // before any Secret is read.
-    let credentials = source.bearer_token_secret.is_some()
-        || source.basic_auth.is_some()
-        || source.client_certificate_secret.is_some();
-    if credentials
-        && !ctx
-            .settings
-            .allowed_prometheus_urls
-            .names_for_credentials(&url, ctx.settings.default_prometheus_url.as_deref())
-    {
-        return Err(Error::CredentialsNotAllowed { url });
-    }
-    if (credentials || source.ca_secret.is_some()) && !url.starts_with("https://") {
-        return Err(Error::invalid(
-            "spec.prometheus.url",
-            format!(
-                "{url:?} must be https:// when a bearer token, basic auth, CA or client certificate is set"
-            ),
-        ));
-    }
-    let timeout = match &source.timeout {
-        Some(t) => t.get().map_err(|e| Error::Duration {
-            field: "spec.prometheus.timeout".into(),
-            source: e,
-        })?,
-        None => Duration::from_secs(5),
-    };
-    let namespace = pool.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
-    let selected = |field: &'static str, selector: SecretKeySelector| {
-        let secrets = &secrets;
-        async move {
-            let [value] = secret_keys(ctx, secrets, field, &selector.name, [&selector.key]).await?;
-            Ok::<_, Error>(value)
-        }
-    };
-    let bearer_token = match source.bearer_token_secret {
-        Some(selector) => Some(text(
-            selected("spec.prometheus.bearerTokenSecret", selector).await?,
-        )),
-        None => None,
-    };
-    let basic_auth = match source.basic_auth {
-        Some(basic) => Some(BasicAuth {
-            username: text(
-                selected(
-                    "spec.prometheus.basicAuth.usernameSecret",
-                    basic.username_secret,
-                )
-                .await?,
-            ),
-            password: text(
-                selected(
-                    "spec.prometheus.basicAuth.passwordSecret",
-                    basic.password_secret,
-                )
-                .await?,
-            ),
-        }),
-        None => None,
-    };
-    let ca_pem = match source.ca_secret {
-        Some(selector) => Some(selected("spec.prometheus.caSecret", selector).await?),
-        None => None,
-    };
-    let client_certificate = match source.client_certificate_secret {
-        Some(secret) => {
-            let field = "spec.prometheus.clientCertificateSecret";
-            let [certificate_pem, key_pem] =
-                secret_keys(ctx, &secrets, field, &secret.name, ["tls.crt", "tls.key"]).await?;
-            Some(ClientCertificate {
-                certificate_pem,
-                key_pem,
-            })
-        }
-        None => None,
-    };
-    Ok(Connection {
-        url,
-        timeout,
-        bearer_token,
-        basic_auth,
-        ca_pem,
-        client_certificate,
-        headers: source.headers,
-    })
-}
-
-/// `keys` of the Secret `name`, read once (and again every interval, so a rotated Secret is used
-/// from the next); `MissingSecret`, naming `field`, when the Secret or one of the keys is missing.
-async fn secret_keys<const N: usize>(
-    ctx: &Context,
-    secrets: &Api<Secret>,
-    field: &'static str,
-    name: &str,
-    keys: [&str; N],
-) -> Result<[Vec<u8>; N]> {
-    let missing = |key: &str| Error::MissingSecret {
-        field,
-        name: name.to_string(),
-        key: key.to_string(),
-    };
-    let secret = ctx
-        .read(format!("reading Secret {name}"), secrets.get_opt(name))
-        .await?
-        .ok_or_else(|| missing(&keys.join(", ")))?;
-    let mut data = secret.data.unwrap_or_default();
-    let mut values = [(); N].map(|_| Vec::new());
-    for (value, key) in values.iter_mut().zip(keys) {
-        *value = data.remove(key).ok_or_else(|| missing(key))?.0;
-    }
-    Ok(values)
 }
 
 /// Mean job seconds of every lane: the reserve lanes' from their loads, the others' from the

@@ -10,6 +10,7 @@ pub mod allowed;
 pub mod queries;
 pub mod query;
 pub mod range;
+pub mod spec;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
