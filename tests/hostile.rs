@@ -504,6 +504,18 @@ async fn a_silent_ready_worker_is_missing_whoever_else_answers() {
 }
 
 /// The operator's reconciles that took longer than `seconds` (a bucket bound of its histogram).
+/// Every Pod LIST the API server has answered, as its own metrics count them.
+async fn pod_lists(client: &Client) -> f64 {
+    let request = hyper::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.contains("resource=\"pods\"") && l.contains("verb=\"LIST\""))
+        .filter(|l| l.contains("subresource=\"\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn reconciles_over(world: &World, seconds: &str) -> u64 {
     let text = world.operator.metrics().render();
     let value = |prefix: &str| -> Option<u64> {
@@ -558,18 +570,27 @@ async fn silent_workers_cost_their_pool_its_budget_and_the_pool_beside_keeps_its
         requests(&silent_seen, "GET") >= 16
     })
     .await;
+    let lists_before = pod_lists(&world.client).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     world.urgent("calm", 150.0);
     let rise = until(20, "the calm pool follows 150/s: 5 reserved", || async {
         world.replicas("calm-urgent-reserved").await == Some(5)
     })
     .await;
+    let lists = pod_lists(&world.client).await - lists_before;
     let over = reconciles_over(&world, "2.04");
     println!(
         "silent workers asked {} times; calm pool resized {:.1} s after its rise; reconciles \
-         over 2.048 s: {over}",
+         over 2.048 s: {over}; Pod LISTs at the API server over {:.0} s: {lists}",
         requests(&silent_seen, "GET"),
-        rise.as_secs_f64()
+        rise.as_secs_f64(),
+        (Duration::from_secs(10) + rise).as_secs_f64()
+    );
+    // The pools' Pods come from a watch cache: two pools measured every 5 s list nothing (a
+    // test starting beside this one lists once, as its operator's watch starts).
+    assert!(
+        lists <= 2.0,
+        "{lists} Pod LISTs while two pools were measured"
     );
     assert_eq!(
         over, 0,

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -78,6 +80,10 @@ impl PoolKey {
 pub(super) struct Caches {
     pub(super) deployments: Store<CachedDeployment>,
     pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
+    /// Pods labelled with a pool, kept as `pods::keep_what_is_read` leaves them.
+    pub(super) pods: Store<Pod>,
+    /// The metadata of ReplicaSets labelled with a pool.
+    pub(super) replicasets: Store<PartialObjectMeta<ReplicaSet>>,
 }
 
 /// The objects of `namespace` that `keep` accepts, from every scope's cache.
@@ -188,9 +194,12 @@ impl Context {
     /// controller has a free slot, which reconciles waiting on it would take.
     pub(super) fn caches_ready(&self) -> bool {
         self.caches.get().is_some_and(|caches| {
-            caches
-                .iter()
-                .all(|cache| ready_now(&cache.deployments) && ready_now(&cache.autoscalers))
+            caches.iter().all(|cache| {
+                ready_now(&cache.deployments)
+                    && ready_now(&cache.autoscalers)
+                    && ready_now(&cache.pods)
+                    && ready_now(&cache.replicasets)
+            })
         })
     }
 
@@ -225,6 +234,26 @@ impl Context {
                 .collect()
         };
         found.iter().map(|d| d.deployment()).collect()
+    }
+
+    /// The Pods labelled as `pool`'s in `namespace`, from the watch cache.
+    pub(super) fn pool_pods(&self, namespace: &str, pool: &str) -> Vec<Arc<Pod>> {
+        let caches = self.caches();
+        in_namespace(caches.iter().map(|c| &c.pods), namespace, |p| {
+            p.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
+        })
+    }
+
+    /// The metadata of the ReplicaSets labelled as `pool`'s in `namespace`, from the watch cache.
+    pub(super) fn pool_replicasets(
+        &self,
+        namespace: &str,
+        pool: &str,
+    ) -> Vec<Arc<PartialObjectMeta<ReplicaSet>>> {
+        let caches = self.caches();
+        in_namespace(caches.iter().map(|c| &c.replicasets), namespace, |r| {
+            r.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
+        })
     }
 
     /// The autoscalers of a namespace, from the watch cache.

@@ -20,10 +20,13 @@ mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
@@ -57,27 +60,19 @@ pub async fn run(
     };
     let mut stores: Vec<Store<LanePool>> = Vec::new();
     let mut caches = Vec::new();
-    let mut autoscaler_watches = Vec::new();
+    // Watches that only fill caches (no reconcile follows their events).
+    let mut cache_watches: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
     let controllers: Vec<_> = scopes
         .into_iter()
         .map(|namespace| {
             let client = ctx.client.clone();
-            let (pools, deployments, autoscalers): (
-                Api<LanePool>,
-                Api<workers::CachedDeployment>,
-                Api<HorizontalPodAutoscaler>,
-            ) = match &namespace {
-                Some(ns) => (
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client, ns),
-                ),
-                None => (
-                    Api::all(client.clone()),
-                    Api::all(client.clone()),
-                    Api::all(client),
-                ),
-            };
+            let pools: Api<LanePool> = scoped(&client, namespace.as_deref());
+            let deployments: Api<workers::CachedDeployment> = scoped(&client, namespace.as_deref());
+            let autoscalers: Api<HorizontalPodAutoscaler> = scoped(&client, namespace.as_deref());
+            let pods: Api<Pod> = scoped(&client, namespace.as_deref());
+            // Metadata only: whose each Pod is needs no more.
+            let replicasets: Api<PartialObjectMeta<ReplicaSet>> =
+                scoped(&client, namespace.as_deref());
             // The pools' Deployments and the namespace's autoscalers are read from watch caches,
             // never listed per reconcile; the Deployment watch also triggers the reconciles.
             let (deployment_cache, deployment_writer) = reflector::store();
@@ -88,16 +83,39 @@ pub async fn run(
                     .reflect(deployment_writer)
                     .touched_objects();
             let (autoscaler_cache, autoscaler_writer) = reflector::store();
-            autoscaler_watches.push(
+            cache_watches.push(
                 watcher(autoscalers, watcher::Config::default())
                     .default_backoff()
                     .modify(|h: &mut HorizontalPodAutoscaler| h.managed_fields_mut().clear())
                     .reflect(autoscaler_writer)
-                    .for_each(|_| async {}),
+                    .for_each(|_| async {})
+                    .boxed(),
+            );
+            // The pools' Pods (only what a reconcile reads of them) and their ReplicaSets'
+            // metadata (whose each Pod is): no reconcile lists either.
+            let (pod_cache, pod_writer) = reflector::store();
+            cache_watches.push(
+                watcher(pods, watcher::Config::default().labels(POOL_LABEL))
+                    .default_backoff()
+                    .modify(pods::keep_what_is_read)
+                    .reflect(pod_writer)
+                    .for_each(|_| async {})
+                    .boxed(),
+            );
+            let (replicaset_cache, replicaset_writer) = reflector::store();
+            cache_watches.push(
+                watcher(replicasets, watcher::Config::default().labels(POOL_LABEL))
+                    .default_backoff()
+                    .modify(|r: &mut PartialObjectMeta<ReplicaSet>| r.managed_fields_mut().clear())
+                    .reflect(replicaset_writer)
+                    .for_each(|_| async {})
+                    .boxed(),
             );
             caches.push(Caches {
                 deployments: deployment_cache,
                 autoscalers: autoscaler_cache,
+                pods: pod_cache,
+                replicasets: replicaset_cache,
             });
             // A pool is reconciled when its spec changes (its generation), not when its own
             // status is written: the interval and the Deployment events do the rest.
@@ -126,12 +144,24 @@ pub async fn run(
         })
         .collect();
     ctx.set_caches(caches);
-    let autoscaler_watches = futures::future::join_all(autoscaler_watches);
+    let cache_watches = futures::future::join_all(cache_watches);
     let sweep = forget_deleted_pools(ctx, stores);
     tokio::select! {
         _ = futures::future::join_all(controllers) => {}
         _ = sweep => {}
-        _ = autoscaler_watches => {}
+        _ = cache_watches => {}
+    }
+}
+
+/// `K`s in `namespace`, or in every namespace.
+fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     }
 }
 

@@ -97,11 +97,12 @@ per-namespace Roles so that both modes grant exactly the same.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "list", "watch"]
-# Only when a Deployment is about to shrink: its Pods are listed and the busy ones annotated with
+# The Pods labelled with a pool, watched into a cache (worker reads, drains, ranking); only the
+# busy ones of a Deployment about to shrink are annotated with
 # controller.kubernetes.io/pod-deletion-cost, so idle workers go first (--idle-workers-first).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "patch"]
+  verbs: ["list", "watch", "patch"]
 # Only the Secrets a LanePool names in spec.prometheus.bearerTokenSecret/caSecret are read;
 # RBAC cannot narrow "get" to names not known in advance. No list, no watch.
 - apiGroups: [""]

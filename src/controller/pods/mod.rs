@@ -1,5 +1,6 @@
 //! Everything that talks to worker Pods, and nothing else does: one snapshot of the pool's own
-//! workers per reconcile (`owners.rs` says whose a Pod is, `worker.rs` what is kept of it), their
+//! workers per reconcile, from the watch caches of the pools' Pods and ReplicaSets (`owners.rs`
+//! says whose a Pod is, `worker.rs` what is kept of it), their
 //! `/metrics` answers, each asked at most once per reconcile and read in `text.rs`, drain requests
 //! and deletion costs, all through one client that follows no redirect and reads capped answers
 //! (`http.rs`), within one time budget. The stages that use them: the reads (`reads.rs`), the
@@ -19,19 +20,19 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
 use super::context::{Context, POD_REQUESTS_IN_FLIGHT};
 use super::protocol::DELETION_COST;
-use crate::api::{LanePool, POOL_LABEL};
+use crate::api::LanePool;
 pub(crate) use http::Refused;
 use owners::{Owners, PoolDeployments, pool_deployments};
-pub(super) use worker::Worker;
+pub(super) use worker::{Worker, keep_what_is_read};
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
 /// read, asked to drain or annotated, and all of it within one deadline.
@@ -41,10 +42,7 @@ pub(super) struct PoolPods<'a> {
     namespace: String,
     pool: String,
     deployments: PoolDeployments,
-    /// The pool's workers, listed at most once per reconcile, when first needed, with the
-    /// ReplicaSets that say whose each Pod is. (One Pod LIST and one ReplicaSet LIST per
-    /// reconcile by the pool's label for now; watch caches of both, as the Deployments have, are
-    /// the next step.)
+    /// The pool's workers, read from the watch caches once per reconcile, when first needed.
     workers: OnceCell<Vec<Worker>>,
     /// Each worker's `/metrics` answer in this reconcile (`None`: it gave none), by Pod name:
     /// the reads, the drains and the ranking ask each worker once between them.
@@ -71,57 +69,25 @@ impl<'a> PoolPods<'a> {
         }
     }
 
-    async fn owners(&self) -> crate::Result<Owners> {
-        let replicasets: Api<ReplicaSet> =
-            Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        let listed = self
-            .ctx
-            .read(
-                format!("listing the ReplicaSets of pool {}", self.pool),
-                replicasets.list_metadata(&self.by_pool()),
-            )
-            .await?;
-        Ok(Owners::new(
-            &self.deployments,
-            listed.items.iter().map(|rs| &rs.metadata),
-        ))
-    }
-
-    /// The pool's label, read from the API server's cache (resourceVersion 0): no quorum read.
-    fn by_pool(&self) -> ListParams {
-        ListParams::default()
-            .labels(&format!("{POOL_LABEL}={}", self.pool))
-            .match_any()
-    }
-
     /// The live (not terminating) workers of the pool: Pods with its label that a ReplicaSet of
     /// one of its Deployments controls. A Pod that is not the pool's worker, however it is
-    /// labelled, is left out. Listed once per reconcile.
+    /// labelled, is left out. Read from the watch caches of the pools' Pods and ReplicaSets, once
+    /// per reconcile: nothing is listed.
     pub(super) async fn workers(&self) -> crate::Result<&[Worker]> {
-        let workers = self.workers.get_or_try_init(|| async {
+        let workers = self.workers.get_or_init(|| async {
             if self.deployments.is_empty() {
-                return Ok(Vec::new());
+                return Vec::new();
             }
-            let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-            let action = format!("listing the Pods of pool {}", self.pool);
-            let by_pool = self.by_pool();
-            let both = futures::future::join(
-                self.ctx.read(action.clone(), pods.list(&by_pool)),
-                self.owners(),
-            );
-            let Ok((listed, owners)) = tokio::time::timeout_at(self.deadline, both).await else {
-                let seconds = POD_BUDGET.as_secs();
-                return Err(crate::Error::Timeout { action, seconds });
-            };
-            let owners = owners?;
-            Ok(listed?
-                .items
+            let replicasets = self.ctx.pool_replicasets(&self.namespace, &self.pool);
+            let owners = Owners::new(&self.deployments, replicasets.iter().map(|r| &r.metadata));
+            self.ctx
+                .pool_pods(&self.namespace, &self.pool)
                 .iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .filter_map(|p| Some(Worker::new(p, owners.deployment_of(p)?.to_string())))
-                .collect())
+                .collect()
         });
-        Ok(workers.await?.as_slice())
+        Ok(workers.await.as_slice())
     }
 
     /// The live workers of the pool's Deployment `deployment`.
