@@ -1201,14 +1201,17 @@ async fn the_workers_own_counts_grow_the_reserve_for_a_spike_prometheus_has_not_
         grew <= Duration::from_secs(12),
         "grew after {grew:?}: {growing:?}"
     );
-    let lanes = world.lanes().await;
-    let recent = lanes.first().and_then(|l| l.recent_arrival_rate.clone());
-    assert!(
-        recent
-            .as_deref()
-            .is_some_and(|r| r.starts_with("14") || r.starts_with("15")),
-        "the status shows the workers' rate: {lanes:?}"
-    );
+    // The status is written after the Deployments (growth goes first, then the drains and the
+    // ranking of the shared workers that shrink): it follows within the reconcile.
+    world
+        .until(10, "the status shows the workers' rate", || async {
+            let lanes = world.lanes().await;
+            let recent = lanes.first().and_then(|l| l.recent_arrival_rate.clone());
+            recent
+                .as_deref()
+                .is_some_and(|r| r.starts_with("14") || r.starts_with("15"))
+        })
+        .await;
     // The first step is what twice the long rate confirms; the reads' own long rate (once they
     // span half the 20 s window) confirms the rest as the spike goes on: 150/s × 20 ms × 1.5 = 4.5
     // → 5.

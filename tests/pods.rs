@@ -231,8 +231,12 @@ async fn shrink_with_the_newest_pods_busy(
     own_answers: bool,
 ) -> (BTreeSet<String>, BTreeSet<String>) {
     let older = two_reserved_pods_serving_metrics(world).await;
-    // Creation times have whole seconds: the new Pods must be visibly younger.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The ReplicaSet controller compares how long Pods have been ready in logarithmic buckets
+    // (LogarithmicScaleDown): two ages within a factor of two tie, and a tie goes by uid. So the
+    // old Pods must have been ready more than twice as long as the new ones when the shrink
+    // comes, up to about 12 s after the new ones are ready (the 2 s below, an interval, the
+    // test's 5 s rate window).
+    tokio::time::sleep(Duration::from_secs(20)).await;
     // 120/s × 20 ms × 1.5 = 3.6 → 4 reserved.
     world.urgent(120.0);
     until(60, "four reserved Pods", || async {
