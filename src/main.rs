@@ -56,29 +56,28 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Simulate(args) => match lanepool::simulate::command::run(&args) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
+        Command::Simulate(args) => {
+            finish(lanepool::simulate::command::run(&args), |e| e.exit_code())
+        }
         Command::Replay(args) => replay(&args),
-        Command::Plan(args) => match lanepool::plan::run(&args) {
-            Ok(lines) => {
-                for line in lines {
-                    println!("{line}");
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
+        Command::Plan(args) => finish(
+            lanepool::plan::run(&args).map(|lines| lines.join("\n")),
+            |e| e.exit_code(),
+        ),
+    }
+}
+
+/// Prints what a command made, or its error and exits with the error's `code`.
+fn finish<E: std::fmt::Display>(result: Result<String, E>, code: impl Fn(&E) -> u8) -> ExitCode {
+    match result {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(code(&e))
+        }
     }
 }
 
@@ -91,24 +90,11 @@ fn replay(args: &lanepool::replay::ReplayArgs) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match lanepool::run::runtime() {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    match runtime.block_on(lanepool::replay::replay(args)) {
-        Ok(text) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
+    finish(runtime.block_on(lanepool::replay::replay(args)), |e| {
+        e.exit_code()
+    })
 }

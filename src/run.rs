@@ -132,21 +132,26 @@ pub struct RunArgs {
     pub drain_timeout: Duration,
 }
 
+/// The multi-threaded runtime a command runs on; its failure said on stderr, as an exit code.
+pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: starting the runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
 /// Runs the operator until SIGTERM or Ctrl-C.
 pub fn run(args: RunArgs) -> ExitCode {
     if let Err(message) = init_logging(&args) {
         eprintln!("error: --log-level: {message}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(operate(args))
 }

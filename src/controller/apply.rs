@@ -12,7 +12,8 @@ use tracing::info;
 
 use super::context::{Context, MANAGER};
 use super::workers::{
-    TEMPLATE_HASH, owned_by, pool_roles, spec_replicas, template_json, worker_deployments,
+    TEMPLATE_HASH, counts_by_name, owned_by, pool_roles, spec_replicas, template_json,
+    worker_deployments,
 };
 use crate::api::LanePool;
 use crate::sizing::Replicas;
@@ -109,12 +110,7 @@ async fn apply_deployments(
     }
     // What this operator set last, by Deployment name: a count that differs from both this and
     // the new decision was set by someone else.
-    let before: BTreeMap<String, i32> = applied
-        .map(|r| pool_roles(pool, r))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _, count)| (name, count))
-        .collect();
+    let before = counts_by_name(pool, applied);
     let params = PatchParams::apply(MANAGER).force();
     let mut writes = Vec::new();
     for deployment in &desired {

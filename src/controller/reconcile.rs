@@ -259,10 +259,6 @@ impl Walk<'_> {
                 .get(deployment)
                 .map(|d| d.idle())
                 .unwrap_or_default();
-            let measured = LastMeasured {
-                connection: memory.connection.as_ref(),
-                job_seconds: &memory.job_seconds,
-            };
             pods::rank::rank_before_shrink(pool, ctx, pods, measured, deployment, &drained).await;
         }
         release

@@ -117,6 +117,19 @@ pub(super) fn leaving<'a>(
         .collect()
 }
 
+/// Replica counts by Deployment name; empty without counts.
+pub(super) fn counts_by_name(
+    pool: &LanePool,
+    replicas: Option<&Replicas>,
+) -> BTreeMap<String, i32> {
+    replicas
+        .map(|r| pool_roles(pool, r))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, _, count)| (name, count))
+        .collect()
+}
+
 /// Every Deployment of the pool with its replica count.
 pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deployment> {
     pool_roles(pool, replicas)

@@ -52,12 +52,13 @@ pub const REFUSED_CREDENTIALS: &str = "Prometheus refused the pool's credentials
 /// One series of an answer: its labels and value.
 pub type Labelled = (BTreeMap<String, String>, f64);
 
-/// Prometheus's envelope: `{"status":"success","data":{…}}` or `{"status":"error","error":…}`.
+/// Prometheus's envelope: `{"status":"success","data":{…}}` or `{"status":"error","error":…}`,
+/// its `data` as `D` (the instant query's or the range query's result types).
 #[derive(Deserialize)]
-struct Envelope {
+struct Envelope<D> {
     status: String,
-    #[serde(default)]
-    data: Option<Data>,
+    #[serde(default = "Option::default")]
+    data: Option<D>,
     #[serde(default)]
     error: Option<String>,
 }
@@ -98,35 +99,8 @@ pub(super) async fn instant(
     promql: &str,
     bounds: Bounds,
 ) -> Result<Vec<Labelled>, String> {
-    let response = http
-        .get(endpoint)
-        .query(&[("query", promql)])
-        .send()
-        .await
-        .map_err(|e| with_tls_hint(describe(&e)))?;
-    let status = response.status();
-    if status.is_redirection() {
-        return Err(format!("HTTP {status}: redirects are not followed"));
-    }
-    if matches!(
-        status,
-        reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
-    ) {
-        return Err(format!("HTTP {status}: {REFUSED_CREDENTIALS}"));
-    }
-    let body = read_bounded(response, bounds.bytes).await?;
-    let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
-        if status.is_success() {
-            format!("the answer is not Prometheus's JSON: {e}")
-        } else {
-            format!("HTTP {status}")
-        }
-    })?;
-    if envelope.status != "success" {
-        let error = envelope.error.unwrap_or_else(|| format!("HTTP {status}"));
-        return Err(format!("Prometheus refused the query: {error}"));
-    }
-    match envelope.data {
+    let request = http.get(endpoint).query(&[("query", promql)]);
+    match answer::<Data>(request, bounds.bytes).await? {
         Some(Data::Vector(samples)) if samples.len() > bounds.series => Err(format!(
             "{TOO_LARGE}the query returned more than {} series ({})",
             bounds.series,
@@ -143,6 +117,42 @@ pub(super) async fn instant(
         Some(Data::String(_)) => Err("the query returned a string; it must return a number".into()),
         None => Err("the answer has no data".into()),
     }
+}
+
+/// Sends `request` and reads Prometheus's answer, at most `bytes` of it, as an envelope whose
+/// data is a `D`: no redirect followed, refused credentials named, a refused query's own error
+/// given. `None`: a successful answer without data.
+pub(super) async fn answer<D: serde::de::DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+    bytes: usize,
+) -> Result<Option<D>, String> {
+    let response = request
+        .send()
+        .await
+        .map_err(|e| with_tls_hint(describe(&e)))?;
+    let status = response.status();
+    if status.is_redirection() {
+        return Err(format!("HTTP {status}: redirects are not followed"));
+    }
+    if matches!(
+        status,
+        reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
+    ) {
+        return Err(format!("HTTP {status}: {REFUSED_CREDENTIALS}"));
+    }
+    let body = read_bounded(response, bytes).await?;
+    let envelope: Envelope<D> = serde_json::from_slice(&body).map_err(|e| {
+        if status.is_success() {
+            format!("the answer is not Prometheus's JSON: {e}")
+        } else {
+            format!("HTTP {status}")
+        }
+    })?;
+    if envelope.status != "success" {
+        let error = envelope.error.unwrap_or_else(|| format!("HTTP {status}"));
+        return Err(format!("Prometheus refused the query: {error}"));
+    }
+    Ok(envelope.data)
 }
 
 /// The body, or an error once it passes [`MAX_ANSWER_BYTES`]: an endless answer costs at most

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::query::{Bounds, REFUSED_CREDENTIALS, describe, read_bounded, with_tls_hint};
+use super::query::{Bounds, answer};
 
 /// The most steps one range query may ask for: Prometheus refuses more than 11,000 points per
 /// series ("exceeded maximum resolution").
@@ -35,15 +35,6 @@ impl Range {
 
 /// One series of a range answer: its labels and its (Unix time, value) points, in time order.
 pub type RangeSeries = (BTreeMap<String, String>, Vec<(f64, f64)>);
-
-#[derive(Deserialize)]
-struct Envelope {
-    status: String,
-    #[serde(default)]
-    data: Option<Data>,
-    #[serde(default)]
-    error: Option<String>,
-}
 
 #[derive(Deserialize)]
 #[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
@@ -77,40 +68,13 @@ pub(super) async fn range(
             range.points()
         ));
     }
-    let response = http
-        .get(endpoint)
-        .query(&[
-            ("query", promql.to_string()),
-            ("start", range.start.to_string()),
-            ("end", range.end.to_string()),
-            ("step", range.step.to_string()),
-        ])
-        .send()
-        .await
-        .map_err(|e| with_tls_hint(describe(&e)))?;
-    let status = response.status();
-    if status.is_redirection() {
-        return Err(format!("HTTP {status}: redirects are not followed"));
-    }
-    if matches!(
-        status,
-        reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
-    ) {
-        return Err(format!("HTTP {status}: {REFUSED_CREDENTIALS}"));
-    }
-    let body = read_bounded(response, bounds.bytes).await?;
-    let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
-        if status.is_success() {
-            format!("the answer is not Prometheus's JSON: {e}")
-        } else {
-            format!("HTTP {status}")
-        }
-    })?;
-    if envelope.status != "success" {
-        let error = envelope.error.unwrap_or_else(|| format!("HTTP {status}"));
-        return Err(format!("Prometheus refused the query: {error}"));
-    }
-    match envelope.data {
+    let request = http.get(endpoint).query(&[
+        ("query", promql.to_string()),
+        ("start", range.start.to_string()),
+        ("end", range.end.to_string()),
+        ("step", range.step.to_string()),
+    ]);
+    match answer::<Data>(request, bounds.bytes).await? {
         Some(Data::Matrix(series)) if series.len() > bounds.series => Err(format!(
             "the query returned more than {} series ({})",
             bounds.series,

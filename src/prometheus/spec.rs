@@ -21,6 +21,20 @@ pub struct Named<'a> {
     pub own: Option<&'a str>,
 }
 
+/// Whether a connection from `source` reads Secrets: a bearer token, basic auth, a CA or a
+/// client certificate.
+pub fn reads_secrets(source: &PrometheusSource) -> bool {
+    sends_credentials(source) || source.ca_secret.is_some()
+}
+
+/// Whether a connection from `source` sends credentials: a bearer token, basic auth or a client
+/// certificate (a CA only checks the server).
+fn sends_credentials(source: &PrometheusSource) -> bool {
+    source.bearer_token_secret.is_some()
+        || source.basic_auth.is_some()
+        || source.client_certificate_secret.is_some()
+}
+
 /// The connection to `url` that `source` describes. `read` gets a Secret of the pool's
 /// namespace by name (`None`: there is none); `timeout` applies when the spec sets none.
 pub async fn connection<R, F>(
@@ -40,14 +54,11 @@ where
             allowed: named.allowed.describe(),
         });
     }
-    let credentials = source.bearer_token_secret.is_some()
-        || source.basic_auth.is_some()
-        || source.client_certificate_secret.is_some();
-    if credentials && !named.allowed.names_for_credentials(&url, named.own) {
+    if sends_credentials(source) && !named.allowed.names_for_credentials(&url, named.own) {
         return Err(Error::CredentialsNotAllowed { url });
     }
     // The CRD checks this for a URL in the spec; a --prometheus-url is checked here.
-    if (credentials || source.ca_secret.is_some()) && !url.starts_with("https://") {
+    if reads_secrets(source) && !url.starts_with("https://") {
         return Err(Error::invalid(
             "spec.prometheus.url",
             format!(

@@ -73,12 +73,8 @@ pub async fn connection(
     };
     let named = spec::Named { allowed, own };
     let namespace = pool.metadata.namespace.clone().unwrap_or_default();
-    let needs_secrets = source.bearer_token_secret.is_some()
-        || source.basic_auth.is_some()
-        || source.ca_secret.is_some()
-        || source.client_certificate_secret.is_some();
     // The cluster is reached only for a pool whose connection reads Secrets.
-    let secrets: Option<Api<Secret>> = match needs_secrets {
+    let secrets: Option<Api<Secret>> = match spec::reads_secrets(&source) {
         true => Some(Api::namespaced(cluster().await?, &namespace)),
         false => None,
     };

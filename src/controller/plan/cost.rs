@@ -142,10 +142,11 @@ impl Reading {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::controller) mod tests {
     use super::*;
 
-    fn series(pod: &str, lane: &str, value: f64) -> Sample {
+    /// One gauge series of `pod` (and `lane`, unless empty).
+    pub(in crate::controller) fn series(pod: &str, lane: &str, value: f64) -> Sample {
         let mut labels = BTreeMap::from([("pod".to_string(), pod.to_string())]);
         if !lane.is_empty() {
             labels.insert("lane".into(), lane.into());

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use super::workers::{Role, leaving, pool_roles, spec_replicas};
+use super::workers::{Role, counts_by_name, leaving, pool_roles, spec_replicas};
 use crate::api::LanePool;
 use crate::sizing::Replicas;
 
@@ -278,16 +278,6 @@ impl Rollout {
                 .collect(),
         }
     }
-}
-
-/// Replica counts by Deployment name; empty without counts.
-fn counts_by_name(pool: &LanePool, replicas: Option<&Replicas>) -> BTreeMap<String, i32> {
-    replicas
-        .map(|r| pool_roles(pool, r))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _, count)| (name, count))
-        .collect()
 }
 
 fn ready_replicas(deployment: &Deployment) -> i32 {

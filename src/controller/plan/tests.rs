@@ -45,19 +45,25 @@ fn live(counts: &Replicas, ready: &Replicas) -> BTreeMap<String, Deployment> {
         .collect()
 }
 
+/// The rollout towards `decided` from what this process applied (`own`), no surge waiting yet,
+/// draining and ranking on.
+fn unhurried(live: &BTreeMap<String, Deployment>, decided: &Replicas, own: &Replicas) -> Rollout {
+    rollout(
+        &pool(),
+        live,
+        decided,
+        Some(own),
+        &Surge::default(),
+        DRAIN_AND_RANK,
+    )
+}
+
 #[test]
 fn growth_goes_out_alone_before_anything_of_a_shrinking_deployment() {
     let now = replicas(1, 9);
     let live = live(&now, &now);
     let decided = replicas(3, 7);
-    let rollout = rollout(
-        &pool(),
-        &live,
-        &decided,
-        Some(&now),
-        &Surge::default(),
-        DRAIN_AND_RANK,
-    );
+    let rollout = unhurried(&live, &decided, &now);
     let growth = rollout.growth.expect("shared shrinks: growth goes first");
     assert_eq!(
         growth,
@@ -151,14 +157,7 @@ fn a_reserve_shrink_never_waits_for_shared_workers_that_do_not_change() {
     let now = replicas(3, 8);
     let stuck = live(&now, &replicas(3, 7));
     let decided = replicas(1, 8);
-    let rollout = rollout(
-        &pool(),
-        &stuck,
-        &decided,
-        Some(&now),
-        &Surge::default(),
-        DRAIN_AND_RANK,
-    );
+    let rollout = unhurried(&stuck, &decided, &now);
     assert!(!rollout.waiting);
     assert_eq!(rollout.step, decided);
 }
@@ -168,14 +167,7 @@ fn a_drain_holds_its_shrink_and_only_the_shrinks_that_go_are_ranked() {
     let now = replicas(3, 9);
     let live = live(&now, &now);
     let decided = replicas(3, 7);
-    let rollout = rollout(
-        &pool(),
-        &live,
-        &decided,
-        Some(&now),
-        &Surge::default(),
-        DRAIN_AND_RANK,
-    );
+    let rollout = unhurried(&live, &decided, &now);
     let held = rollout.release(
         &pool(),
         &live,
@@ -214,14 +206,7 @@ fn a_shrink_called_off_ends_its_drain() {
     )]);
     assert!(drain::called_off(&mut drains, &shrinking.shrinks).is_empty());
     // The load came back before the shrink went: the decision keeps 9 shared workers.
-    let kept = rollout(
-        &pool(),
-        &live,
-        &now,
-        Some(&now),
-        &Surge::default(),
-        DRAIN_AND_RANK,
-    );
+    let kept = unhurried(&live, &now, &now);
     assert!(kept.shrinks.is_empty() && kept.growth.is_none());
     let off = drain::called_off(&mut drains, &kept.shrinks);
     assert_eq!(off.len(), 1, "its workers are called back");
@@ -273,14 +258,7 @@ fn a_count_someone_else_set_is_restored_at_once() {
     // from 12 to 9 is a restore, not a shrink that waits on this process's own last count.
     let own = replicas(3, 9);
     let live = live(&replicas(3, 12), &replicas(3, 12));
-    let rollout = rollout(
-        &pool(),
-        &live,
-        &own,
-        Some(&own),
-        &Surge::default(),
-        DRAIN_AND_RANK,
-    );
+    let rollout = unhurried(&live, &own, &own);
     assert!(
         rollout.shrinks.is_empty(),
         "from the operator's own 9 nothing shrinks"
@@ -313,14 +291,7 @@ fn a_removed_lanes_deployment_leaves_the_way_a_shrink_does() {
         .collect();
     let decided = replicas(1, 11);
     let now = replicas(1, 9);
-    let first = rollout(
-        &pool(),
-        &live,
-        &decided,
-        Some(&now),
-        &Surge::default(),
-        DRAIN_AND_RANK,
-    );
+    let first = unhurried(&live, &decided, &now);
     assert_eq!(first.step, decided, "shared grows at once");
     assert!(
         first.waiting,

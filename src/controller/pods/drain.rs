@@ -57,14 +57,13 @@ pub(in crate::controller) async fn drain_before_shrinks(
 ) -> BTreeSet<String> {
     for (deployment, drain) in drain::called_off(drains, shrinks) {
         // Best effort: a worker not reached now takes jobs again when its drain lapses.
-        if let Ok(live) = pods.workers_of(&deployment).await {
-            let back = live
-                .into_iter()
-                .filter(|w| drain.pods.contains_key(&w.name))
-                .map(|w| (w, 0))
-                .collect();
-            ask(pods, back).await;
-        }
+        let back = pods
+            .workers_of(&deployment)
+            .into_iter()
+            .filter(|w| drain.pods.contains_key(&w.name))
+            .map(|w| (w, 0))
+            .collect();
+        ask(pods, back).await;
         info!(
             deployment,
             workers = drain.pods.len(),
@@ -95,13 +94,7 @@ async fn advance(
 ) -> bool {
     let deployment = shrink.deployment.as_str();
     // Only the Deployment's own workers: a Pod that merely carries its labels takes no slot.
-    let live = match pods.workers_of(deployment).await {
-        Ok(live) => live,
-        Err(error) => {
-            warn!(deployment, %error, "drained workers not asked");
-            return drain.holds(now);
-        }
-    };
+    let live = pods.workers_of(deployment);
     drain.keep_live(live.iter().map(|w| w.name.as_str()));
     let starting = drain.starting(shrink);
     let mut called_back = Vec::new();

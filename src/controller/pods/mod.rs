@@ -16,7 +16,7 @@ mod text;
 mod worker;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,7 +24,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
 use super::context::{Context, POD_REQUESTS_IN_FLIGHT};
@@ -43,7 +42,7 @@ pub(super) struct PoolPods<'a> {
     pool: String,
     deployments: PoolDeployments,
     /// The pool's workers, read from the watch caches once per reconcile, when first needed.
-    workers: OnceCell<Vec<Worker>>,
+    workers: OnceLock<Vec<Worker>>,
     /// Each worker's `/metrics` answer in this reconcile (`None`: it gave none), by Pod name:
     /// the reads, the drains and the ranking ask each worker once between them.
     texts: Mutex<HashMap<String, Option<String>>>,
@@ -64,7 +63,7 @@ impl<'a> PoolPods<'a> {
             namespace: pool.namespace().unwrap_or_default(),
             pool: pool.name_any(),
             deployments: pool_deployments(&pool.uid().unwrap_or_default(), existing),
-            workers: OnceCell::new(),
+            workers: OnceLock::new(),
             texts: Mutex::default(),
         }
     }
@@ -73,8 +72,8 @@ impl<'a> PoolPods<'a> {
     /// one of its Deployments controls. A Pod that is not the pool's worker, however it is
     /// labelled, is left out. Read from the watch caches of the pools' Pods and ReplicaSets, once
     /// per reconcile: nothing is listed.
-    pub(super) async fn workers(&self) -> crate::Result<&[Worker]> {
-        let workers = self.workers.get_or_init(|| async {
+    pub(super) fn workers(&self) -> &[Worker] {
+        self.workers.get_or_init(|| {
             if self.deployments.is_empty() {
                 return Vec::new();
             }
@@ -86,18 +85,15 @@ impl<'a> PoolPods<'a> {
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .filter_map(|p| Some(Worker::new(p, owners.deployment_of(p)?.to_string())))
                 .collect()
-        });
-        Ok(workers.await.as_slice())
+        })
     }
 
     /// The live workers of the pool's Deployment `deployment`.
-    pub(super) async fn workers_of(&self, deployment: &str) -> crate::Result<Vec<&Worker>> {
-        Ok(self
-            .workers()
-            .await?
+    pub(super) fn workers_of(&self, deployment: &str) -> Vec<&Worker> {
+        self.workers()
             .iter()
             .filter(|w| w.deployment == deployment)
-            .collect())
+            .collect()
     }
 }
 

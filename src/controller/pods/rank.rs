@@ -92,13 +92,7 @@ pub(in crate::controller) async fn rank_before_shrink(
     drained: &BTreeSet<String>,
 ) {
     let started = std::time::Instant::now();
-    let live = match pods.workers_of(deployment).await {
-        Ok(live) => live,
-        Err(error) => {
-            warn!(deployment, %error, "Pods not ranked before the shrink");
-            return;
-        }
-    };
+    let live = pods.workers_of(deployment);
     if live.is_empty() {
         return;
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::jiff::Timestamp;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::PoolPods;
 use super::text::finished_counts;
@@ -71,11 +71,7 @@ pub(in crate::controller) async fn ask(
     }
     let wall = Timestamp::now();
     let last_asked = reads.last_asked();
-    let live = workers
-        .workers()
-        .await
-        .map_err(|error| debug!(%error, "workers not read: Prometheus alone"))
-        .ok()?;
+    let live = workers.workers();
     let expected: BTreeSet<String> = live
         .iter()
         .filter(|w| w.ready)

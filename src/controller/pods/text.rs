@@ -131,15 +131,8 @@ pub fn read_answer(status: u16, text: &str) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::plan::cost::tests::series;
     use crate::controller::plan::cost::{Work, busy_pods};
-
-    fn series(pod: &str, lane: &str, value: f64) -> Sample {
-        let mut labels = BTreeMap::from([("pod".to_string(), pod.to_string())]);
-        if !lane.is_empty() {
-            labels.insert("lane".into(), lane.into());
-        }
-        (labels, value)
-    }
 
     #[test]
     fn a_workers_own_answer_is_read_as_prometheus_would_label_it() {
