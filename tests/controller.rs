@@ -111,6 +111,23 @@ impl World {
         self.apply_named("jobs", change).await
     }
 
+    /// The pool with two reserve lanes in 12 workers, loaded so that 30/s × 20 ms × 1.5 → 1
+    /// reserved for urgent and 20/s × 50 ms × 1.5 → 2 for critical, 9 shared.
+    async fn two_reserve_lanes(&self) {
+        self.urgent(30.0, 0.020);
+        self.workers
+            .set_lane(&self.namespace, "jobs", "critical", 20.0, 0.050);
+        self.apply_pool(|spec| {
+            let lanes = spec["lanes"].as_array_mut().unwrap();
+            lanes.insert(
+                1,
+                json!({"name": "critical", "reserve": {"max": 3, "sizing": "Formula"}}),
+            );
+            spec["totalWorkers"] = json!(12);
+        })
+        .await;
+    }
+
     /// Applies the example pool as `name`, changed by `change` (server-side, as `kubectl apply
     /// --server-side` would: applied again, it replaces what the test set before).
     async fn apply_named(&self, name: &str, change: impl FnOnce(&mut serde_json::Value)) {
@@ -997,20 +1014,7 @@ async fn a_held_shrink_shows_what_runs_what_it_waits_for_and_until_when() {
 async fn a_removed_lanes_workers_leave_once_shared_workers_took_their_place() {
     // New workers take 8 s to be ready. Two reserve lanes: urgent 1 and critical 2, shared 9.
     let world = World::start_with("leaving", |_| {}, Duration::from_secs(8)).await;
-    world.urgent(30.0, 0.020);
-    world
-        .workers
-        .set_lane(&world.namespace, "jobs", "critical", 20.0, 0.050);
-    world
-        .apply_pool(|spec| {
-            let lanes = spec["lanes"].as_array_mut().unwrap();
-            lanes.insert(
-                1,
-                json!({"name": "critical", "reserve": {"max": 3, "sizing": "Formula"}}),
-            );
-            spec["totalWorkers"] = json!(12);
-        })
-        .await;
+    world.two_reserve_lanes().await;
     world
         .until(60, "1 + 2 reserved and 9 shared, ready", || async {
             world.replicas("jobs-critical-reserved").await == Some(2)
@@ -1778,21 +1782,7 @@ fn kubectl(args: &[&str]) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
     let world = World::start("scale").await;
-    world.urgent(30.0, 0.020);
-    world
-        .workers
-        .set_lane(&world.namespace, "jobs", "critical", 20.0, 0.050);
-    // Two reserve lanes: 30/s × 20 ms × 1.5 → 1 and 20/s × 50 ms × 1.5 → 2.
-    world
-        .apply_pool(|spec| {
-            let lanes = spec["lanes"].as_array_mut().unwrap();
-            lanes.insert(
-                1,
-                json!({"name": "critical", "reserve": {"max": 3, "sizing": "Formula"}}),
-            );
-            spec["totalWorkers"] = json!(12);
-        })
-        .await;
+    world.two_reserve_lanes().await;
     world
         .until(40, "1 + 2 reserved and 9 shared, measured", || async {
             world.replicas("jobs-urgent-reserved").await == Some(1)
