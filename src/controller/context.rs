@@ -18,6 +18,7 @@ use tracing::warn;
 
 use super::events::{Recorder, Said};
 use super::memory::PoolMemory;
+use super::pool_index::PoolIndex;
 use super::workers::CachedDeployment;
 use crate::api::{LanePool, POOL_LABEL};
 use crate::leader::Fence;
@@ -81,9 +82,9 @@ pub(super) struct Caches {
     pub(super) deployments: Store<CachedDeployment>,
     pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
     /// Pods labelled with a pool, kept as `pods::keep_what_is_read` leaves them.
-    pub(super) pods: Store<Pod>,
+    pub(super) pods: Arc<PoolIndex<Pod>>,
     /// The metadata of ReplicaSets labelled with a pool.
-    pub(super) replicasets: Store<PartialObjectMeta<ReplicaSet>>,
+    pub(super) replicasets: Arc<PoolIndex<PartialObjectMeta<ReplicaSet>>>,
 }
 
 /// The objects of `namespace` that `keep` accepts, from every scope's cache.
@@ -197,8 +198,8 @@ impl Context {
             caches.iter().all(|cache| {
                 ready_now(&cache.deployments)
                     && ready_now(&cache.autoscalers)
-                    && ready_now(&cache.pods)
-                    && ready_now(&cache.replicasets)
+                    && cache.pods.is_ready()
+                    && cache.replicasets.is_ready()
             })
         })
     }
@@ -239,9 +240,10 @@ impl Context {
     /// The Pods labelled as `pool`'s in `namespace`, from the watch cache.
     pub(super) fn pool_pods(&self, namespace: &str, pool: &str) -> Vec<Arc<Pod>> {
         let caches = self.caches();
-        in_namespace(caches.iter().map(|c| &c.pods), namespace, |p| {
-            p.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
-        })
+        caches
+            .iter()
+            .flat_map(|c| c.pods.pool(namespace, pool))
+            .collect()
     }
 
     /// The metadata of the ReplicaSets labelled as `pool`'s in `namespace`, from the watch cache.
@@ -251,9 +253,10 @@ impl Context {
         pool: &str,
     ) -> Vec<Arc<PartialObjectMeta<ReplicaSet>>> {
         let caches = self.caches();
-        in_namespace(caches.iter().map(|c| &c.replicasets), namespace, |r| {
-            r.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
-        })
+        caches
+            .iter()
+            .flat_map(|c| c.replicasets.pool(namespace, pool))
+            .collect()
     }
 
     /// The autoscalers of a namespace, from the watch cache.

@@ -11,6 +11,7 @@ mod measure;
 mod memory;
 mod plan;
 mod pods;
+mod pool_index;
 mod protocol;
 mod reconcile;
 mod report;
@@ -30,6 +31,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
+use pool_index::PoolIndex;
 use tracing::warn;
 
 use context::{Caches, PoolKey};
@@ -92,23 +94,21 @@ pub async fn run(
                     .boxed(),
             );
             // The pools' Pods (only what a reconcile reads of them) and their ReplicaSets'
-            // metadata (whose each Pod is): no reconcile lists either.
-            let (pod_cache, pod_writer) = reflector::store();
+            // metadata (whose each Pod is), grouped by pool: no reconcile lists or scans either.
+            let pod_cache = Arc::new(PoolIndex::default());
             cache_watches.push(
                 watcher(pods, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
                     .modify(pods::keep_what_is_read)
-                    .reflect(pod_writer)
-                    .for_each(|_| async {})
+                    .for_each(fill(pod_cache.clone()))
                     .boxed(),
             );
-            let (replicaset_cache, replicaset_writer) = reflector::store();
+            let replicaset_cache = Arc::new(PoolIndex::default());
             cache_watches.push(
                 watcher(replicasets, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
                     .modify(|r: &mut PartialObjectMeta<ReplicaSet>| r.managed_fields_mut().clear())
-                    .reflect(replicaset_writer)
-                    .for_each(|_| async {})
+                    .for_each(fill(replicaset_cache.clone()))
                     .boxed(),
             );
             caches.push(Caches {
@@ -150,6 +150,18 @@ pub async fn run(
         _ = futures::future::join_all(controllers) => {}
         _ = sweep => {}
         _ = cache_watches => {}
+    }
+}
+
+/// Feeds a watch's events into `index`; a failed watch call is retried by its backoff.
+fn fill<K: kube::Resource>(
+    index: Arc<PoolIndex<K>>,
+) -> impl FnMut(watcher::Result<watcher::Event<K>>) -> futures::future::Ready<()> {
+    move |event| {
+        if let Ok(event) = event {
+            index.apply(event);
+        }
+        futures::future::ready(())
     }
 }
 

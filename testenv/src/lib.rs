@@ -7,7 +7,9 @@ mod certs;
 mod control_plane;
 mod examples;
 mod history;
+mod kwok;
 mod operator;
+mod pod_workers;
 mod process;
 mod prometheus;
 mod readiness;
@@ -22,7 +24,9 @@ pub use history::{
     DAY_CREATED, DAY_OUTAGE, DAY_PEAK, DAY_SPIKES, RecordedLane, Recording, day_urgent_rate,
     synthetic_day,
 };
+pub use kwok::{Kwok, POD_CIDR};
 pub use operator::InProcessOperator;
+pub use pod_workers::{PodRequests, PodWorkers};
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};
 pub use readiness::DeploymentReadiness;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned control-plane tools (kube-apiserver, kube-controller-manager, kubectl, etcd,
 # helm) into target/tools/ and skips any already built at the pinned version. The first build
-# takes several minutes.
+# takes several minutes. `build.sh kwok` builds kwok alone (from tests/tools/kwok/go.mod), for
+# the scale benchmark.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,8 +28,8 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
   helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
 done
 
-build() { # name version package ldflags
-  local name=$1 version=$2 pkg=$3 ldflags=$4
+build() { # name version package ldflags [module directory]
+  local name=$1 version=$2 pkg=$3 ldflags=$4 module=${5:-$here}
   local stamp="$out/.$name.version"
   if [ -x "$out/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$version" ]; then
     echo "tools: $name $version already built"
@@ -36,10 +37,23 @@ build() { # name version package ldflags
   fi
   echo "tools: building $name $version (the first build takes minutes)..."
   local start=$SECONDS
-  (cd "$here" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg")
+  (cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg")
   echo "$version" >"$stamp"
   echo "tools: built $name in $((SECONDS - start)) s"
 }
+
+if [ "${1:-}" = kwok ]; then
+  kwok_version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/kwok" { print $3 } $1 == "sigs.k8s.io/kwok" { print $2 }' "$here/kwok/go.mod")
+  build kwok "$kwok_version" sigs.k8s.io/kwok/cmd/kwok "-s -w" "$here/kwok"
+  # kwok acts only on its stages: its own "fast" ones (a Node ready at once, a Pod Running and
+  # Ready as soon as it is bound, gone as soon as it is deleted), from the module just built.
+  kwok_dir=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  for stage in node/fast/node-initialize pod/fast/pod-ready pod/fast/pod-delete; do
+    cat "$kwok_dir/kustomize/stage/$stage.yaml"
+    echo "---"
+  done >"$out/kwok-stages.yaml"
+  exit
+fi
 
 build etcd "$etcd_version" ./cmd/etcd "-s -w"
 build kube-apiserver "$k8s_version" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"

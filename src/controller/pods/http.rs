@@ -67,6 +67,9 @@ fn client() -> Result<&'static reqwest::Client, Refused> {
                 .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(REQUEST_TIMEOUT)
                 .timeout(REQUEST_TIMEOUT)
+                // No connection to a Pod outlives its request: a Pod is asked once an interval,
+                // and idle connections to 10,000 Pods held 47 MiB (the scale benchmark).
+                .pool_max_idle_per_host(0)
                 .build()
                 .map_err(|error| warn!(%error, "no HTTP client to ask workers: Prometheus only"))
                 .ok()

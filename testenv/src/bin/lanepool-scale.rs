@@ -1,20 +1,31 @@
-//! `lanepool-scale`: the scale benchmark. Starts the local control plane and Prometheus, an
-//! exporter giving every pool and lane its own rate, N LanePools over 10 namespaces (two reserve
-//! lanes each, the default metric convention, interval 15 s), and the release `lanepool run`
-//! binary; then prints how long until every reserve is right, how long a rate change takes to
-//! reach every pool, the operator's RSS and CPU, its reconcile latency, and its Prometheus
-//! queries and the API server's LISTs per interval in steady state. Run by tests/scale.sh.
+//! `lanepool-scale`: the scale benchmark. Starts the local control plane (kube-controller-manager
+//! makes each pool's Pods from its ReplicaSets), kwok as the kubelet of one fake Node (every Pod
+//! Running and Ready at a loopback address of its own, nothing run), one process answering as
+//! every Pod's worker, Prometheus with an exporter giving every pool and lane its own rate, N
+//! LanePools of 10 workers over 10 namespaces (two reserve lanes each, the operator's and the
+//! CRD's defaults otherwise: interval 5 s, worker reads on), and the release `lanepool run`
+//! binary. Prints how long until every reserve is right, how long a rate change takes to reach
+//! every pool, the operator's RSS and CPU, its reconcile latency, its Prometheus queries, the API
+//! server's LISTs (of Pods, and all) and the GETs at the Pods per interval in steady state.
+//! Run by tests/scale.sh.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use lanepool::api::LanePool;
-use lanepool_testenv::{ControlPlane, SimulatedWorkers, TestPrometheus, free_port};
+use lanepool::api::{LanePool, POOL_LABEL};
+use lanepool_testenv::{
+    ControlPlane, Controllers, Kwok, PodWorkers, SimulatedWorkers, TestPrometheus, free_port,
+};
 
 #[derive(Parser)]
 #[command(name = "lanepool-scale", about)]
@@ -28,45 +39,103 @@ struct Args {
     /// How long to measure steady state.
     #[arg(long, default_value = "60")]
     steady_seconds: u64,
+    /// Each pool's `spec.interval` (the CRD's default, 5s, when not given).
+    #[arg(long)]
+    interval: Option<String>,
+    /// More flags for `lanepool run`, after `--`.
+    #[arg(last = true)]
+    operator_args: Vec<String>,
 }
 
 const NAMESPACES: usize = 10;
-const INTERVAL_SECONDS: f64 = 15.0;
 const LANES: [&str; 2] = ["urgent", "high"];
+/// Each pool's workers, and so its Pods.
+const WORKERS: usize = 10;
+const RESERVE_MAX: i32 = 4;
+const JOB_SECONDS: f64 = 0.020;
+const NODE: &str = "kwok-0";
 
-/// Reserved workers for a rate: rate × 20 ms × headroom 1 (the spec below), within [1, 20].
+/// The reserve the default rule (wait p99 ≤ job time) gives a rate, within the spec's bounds.
 fn reserve_for(rate: f64) -> i32 {
-    ((rate * 0.020 - 1e-9).ceil() as i32).clamp(1, 20)
+    lanepool::sizing::wait_within_job_time(rate, JOB_SECONDS, 1.0)
+        .unwrap_or(RESERVE_MAX)
+        .clamp(1, RESERVE_MAX)
 }
 
-/// The reserves that are right for a rate: the formula's, or any the 10 % tolerance keeps.
-fn right_reserves(rate: f64) -> (i32, i32) {
-    (reserve_for(rate / 1.1), reserve_for(rate * 1.1))
+/// The reserves that are right for a rate, as the operator moves: the rule's for any rate within
+/// its tolerance. Growth needs 2 σ of one read's Poisson count (`NOISE_SIGMAS`, at least 10 %,
+/// at most 50 %), a shrink 10 % (`TOLERANCE`).
+fn right_reserves(rate: f64, interval_seconds: f64) -> (i32, i32) {
+    use lanepool::sizing::{MOST_TOLERANCE, NOISE_SIGMAS, TOLERANCE};
+    let growth = (NOISE_SIGMAS / (rate * interval_seconds).sqrt()).clamp(TOLERANCE, MOST_TOLERANCE);
+    (
+        reserve_for(rate / (1.0 + growth)),
+        reserve_for(rate * (1.0 + TOLERANCE)),
+    )
 }
 
+/// 5–45 jobs/s, 90 when `high`: a reserve of 1 to 4 at 20 ms.
 fn rate_of(pool: usize, lane: usize, high: bool) -> f64 {
-    let base = 20.0 + ((pool * 7 + lane * 13) % 9) as f64 * 25.0;
+    let base = 5.0 + ((pool * 7 + lane * 13) % 9) as f64 * 5.0;
     if high { base * 2.0 } else { base }
 }
 
-fn manifest(name: &str) -> LanePool {
+fn manifest(name: &str, interval: Option<&str>, metrics_port: u16) -> LanePool {
+    let reserve =
+        serde_json::json!({"min": 1, "max": RESERVE_MAX, "jobTime": {"fallback": "20ms"}});
+    let mut spec = serde_json::json!({
+        "lanes": [
+            {"name": "urgent", "reserve": reserve},
+            {"name": "high", "reserve": reserve},
+            {"name": "batch"}
+        ],
+        "totalWorkers": WORKERS,
+        "shared": {"minReplicas": 2},
+        "template": {"spec": {
+            "nodeName": NODE,
+            "containers": [{
+                "name": "worker",
+                "image": "worker:1",
+                "ports": [{"name": "metrics", "containerPort": metrics_port}]
+            }]
+        }}
+    });
+    if let Some(interval) = interval {
+        spec["interval"] = interval.into();
+    }
     serde_json::from_value(serde_json::json!({
         "apiVersion": "lanepool.dev/v1alpha1",
         "kind": "LanePool",
         "metadata": {"name": name},
-        "spec": {
-            "lanes": [
-                {"name": "urgent", "reserve": {"min": 1, "max": 20, "jobTime": {"fallback": "20ms"}}},
-                {"name": "high", "reserve": {"min": 1, "max": 20, "jobTime": {"fallback": "20ms"}}},
-                {"name": "batch"}
-            ],
-            "headroom": 1,
-            "shared": {"replicas": 2},
-            "interval": "15s",
-            "template": {"spec": {"containers": [{"name": "worker", "image": "worker:1"}]}}
-        }
+        "spec": spec
     }))
     .expect("the benchmark's LanePool")
+}
+
+/// Keeps `workers` told which Pod runs at which address, from a watch of the pools' Pods.
+async fn follow_pods(client: Client, workers: Arc<PodWorkers>) {
+    let pods: Api<Pod> = Api::all(client);
+    let mut events = std::pin::pin!(watcher(pods, watcher::Config::default().labels(POOL_LABEL)));
+    while let Some(event) = events.next().await {
+        let (pod, gone) = match event {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => (pod, false),
+            Ok(watcher::Event::Delete(pod)) => (pod, true),
+            _ => continue,
+        };
+        let status = pod.status.as_ref();
+        let Some(ip) = status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse::<IpAddr>().ok())
+        else {
+            continue;
+        };
+        let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+        if gone || !running || pod.metadata.deletion_timestamp.is_some() {
+            workers.remove_pod(ip);
+        } else if let Some(pool) = pod.labels().get(POOL_LABEL) {
+            workers.add_pod(ip, &pod.namespace().unwrap_or_default(), pool);
+        }
+    }
 }
 
 /// A metric's value summed over the lines of a text exposition that match every filter.
@@ -154,37 +223,65 @@ async fn operator_metrics(port: u16) -> String {
     .unwrap_or_default()
 }
 
-/// How many reserve lanes are at a right count.
-async fn right(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> usize {
+/// The reserve lanes not at a right count: their key and replicas.
+async fn wrong(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> Vec<(String, i32)> {
     let all: Api<Deployment> = Api::all(client.clone());
     let Ok(list) = all
         .list(&ListParams::default().labels("lanepool.dev/role=reserved"))
         .await
     else {
-        return 0;
+        return expected.keys().map(|key| (key.clone(), 0)).collect();
     };
-    list.items
+    let replicas: BTreeMap<String, i32> = list
+        .items
         .iter()
-        .filter(|d| {
+        .map(|d| {
             let key = format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any());
-            let replicas = d.spec.as_ref().and_then(|s| s.replicas);
-            expected
-                .get(&key)
-                .zip(replicas)
-                .is_some_and(|((low, high), r)| *low <= r && r <= *high)
+            (key, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0))
         })
-        .count()
+        .collect();
+    expected
+        .iter()
+        .filter_map(|(key, (low, high))| {
+            let r = replicas.get(key).copied().unwrap_or(0);
+            (r < *low || r > *high).then(|| (key.clone(), r))
+        })
+        .collect()
 }
 
-async fn until_all_right(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> Duration {
+/// How long until every reserve lane is right (at most 10 minutes), and what the last ones to
+/// get there showed when three or fewer were left: key, replicas, the right range, and the
+/// pool's last decision.
+async fn until_all_right(
+    client: &Client,
+    expected: &BTreeMap<String, (i32, i32)>,
+) -> (Duration, Vec<String>) {
     let started = Instant::now();
-    while right(client, expected).await < expected.len() {
-        if started.elapsed() > Duration::from_secs(600) {
-            break;
+    let mut last = Vec::new();
+    loop {
+        let wrong = wrong(client, expected).await;
+        if wrong.is_empty() || started.elapsed() > Duration::from_secs(600) {
+            return (started.elapsed(), last);
+        }
+        if wrong.len() <= 3 && last.is_empty() {
+            for (key, replicas) in wrong {
+                let (namespace, deployment) = key.split_once('/').unwrap_or_default();
+                let pool = deployment.split('-').take(2).collect::<Vec<_>>().join("-");
+                let decision = Api::<LanePool>::namespaced(client.clone(), namespace)
+                    .get(&pool)
+                    .await
+                    .ok()
+                    .and_then(|p| p.status?.last_decision)
+                    .unwrap_or_default();
+                let (low, high) = expected[&key];
+                last.push(format!(
+                    "{key} at {replicas} (right: {low}–{high}) after {:.1} s: {decision}",
+                    started.elapsed().as_secs_f64()
+                ));
+            }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    started.elapsed()
 }
 
 struct Stop(Child);
@@ -199,10 +296,20 @@ impl Drop for Stop {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let plane = ControlPlane::start()
+    let interval_seconds = args.interval.as_deref().map_or(5.0, |i| {
+        lanepool::duration::parse(i)
+            .expect("--interval")
+            .as_secs_f64()
+    });
+    let plane = ControlPlane::start_with(Controllers::Pods)
         .await
         .expect("the control plane starts");
     let client = plane.client().await.unwrap();
+    let _kwok = Kwok::start(&client, plane.kubeconfig(), plane.dir(), NODE)
+        .await
+        .expect("kwok starts: build it with tests/tools/build.sh kwok");
+    let pod_workers = Arc::new(PodWorkers::start(free_port().unwrap()).await.unwrap());
+    tokio::spawn(follow_pods(client.clone(), pod_workers.clone()));
     let workers = SimulatedWorkers::start().unwrap();
     let prometheus = TestPrometheus::start(&[workers.addr()]).unwrap();
     let mut namespaces = Vec::new();
@@ -216,10 +323,11 @@ async fn main() {
             let name = format!("pool-{pool}");
             for (l, lane) in LANES.iter().enumerate() {
                 let rate = rate_of(pool, l, high);
-                workers.set_lane(namespace, &name, lane, rate, 0.020);
+                workers.set_lane(namespace, &name, lane, rate, JOB_SECONDS);
+                pod_workers.set_lane(namespace, &name, lane, rate);
                 expected.insert(
                     format!("{namespace}/{name}-{lane}-reserved"),
-                    right_reserves(rate),
+                    right_reserves(rate, interval_seconds),
                 );
             }
         }
@@ -227,8 +335,13 @@ async fn main() {
     set_rates(false, &mut expected);
     for pool in 0..args.pools {
         let namespace = &namespaces[pool % NAMESPACES];
+        let pool = manifest(
+            &format!("pool-{pool}"),
+            args.interval.as_deref(),
+            pod_workers.port(),
+        );
         Api::<LanePool>::namespaced(client.clone(), namespace)
-            .create(&PostParams::default(), &manifest(&format!("pool-{pool}")))
+            .create(&PostParams::default(), &pool)
             .await
             .unwrap();
     }
@@ -241,28 +354,38 @@ async fn main() {
             .args(["run", "--leader-election=false", "--log-level=warn"])
             .args(["--prometheus-url", &prometheus.url()])
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-            .args(["--rate-window", "30s", "--job-time-window", "30s"])
             // The test Prometheus scrapes every second; the operator is told 15 s, a common
             // production scrape interval, which sets how long shared answers are reused.
             .args(["--scrape-interval", "15s"])
+            .args(&args.operator_args)
             .env("KUBECONFIG", plane.kubeconfig())
             .stdout(Stdio::null())
             .spawn()
             .expect("starting the operator: build it with cargo build --release"),
     );
     let pid = operator.0.id();
-    let start = until_all_right(&client, &expected).await;
+    let started = Instant::now();
+    let (start, _) = until_all_right(&client, &expected).await;
+    let pods = args.pools * WORKERS;
+    while pod_workers.requests().pods < pods && started.elapsed() < Duration::from_secs(900) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let all_pods = started.elapsed();
 
     // Steady state: nothing polled by the benchmark while it is measured.
     tokio::time::sleep(Duration::from_secs(20)).await;
     let before_api = text(&client, "/metrics").await;
     let before_op = operator_metrics(metrics_port).await;
+    let before_gets = pod_workers.gets_by_pod();
+    let before_pods = pod_workers.requests();
     let cpu_before = cpu_seconds(pid);
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let after_api = text(&client, "/metrics").await;
     let after_op = operator_metrics(metrics_port).await;
+    let after_gets = pod_workers.gets_by_pod();
+    let after_pods = pod_workers.requests();
     let cpu_after = cpu_seconds(pid);
-    let intervals = args.steady_seconds as f64 / INTERVAL_SECONDS;
+    let intervals = args.steady_seconds as f64 / interval_seconds;
     let per_interval = |before: &str, after: &str, name: &str, filters: &[&str]| {
         (sum_metric(after, name, filters) - sum_metric(before, name, filters)) / intervals
     };
@@ -277,6 +400,12 @@ async fn main() {
         &after_api,
         "apiserver_request_total{",
         &["verb=\"LIST\""],
+    );
+    let pod_lists = per_interval(
+        &before_api,
+        &after_api,
+        "apiserver_request_total{",
+        &["verb=\"LIST\"", "resource=\"pods\""],
     );
     // Every request the API server served, by verb (the watches are long-running, counted once).
     let requests: Vec<(&str, f64)> = [
@@ -295,6 +424,13 @@ async fn main() {
     })
     .filter(|(_, count)| *count > 0.0)
     .collect();
+    // GETs at the Pods that ran through the whole window.
+    let gets: Vec<u64> = after_gets
+        .iter()
+        .filter_map(|(ip, after)| Some(after - before_gets.get(ip)?))
+        .collect();
+    let mean_gets = gets.iter().sum::<u64>() as f64 / gets.len().max(1) as f64 / intervals;
+    let most_gets = gets.iter().max().copied().unwrap_or(0) as f64 / intervals;
     let reconciles = per_interval(
         &before_op,
         &after_op,
@@ -302,6 +438,7 @@ async fn main() {
         &[],
     );
     let rss = proc_status(pid, "VmRSS:") / 1024.0;
+    let peak = proc_status(pid, "VmHWM:") / 1024.0;
     let (anon, file) = (
         proc_status(pid, "RssAnon:") / 1024.0,
         proc_status(pid, "RssFile:") / 1024.0,
@@ -312,24 +449,34 @@ async fn main() {
 
     // Every rate doubles: how long until every reserve follows.
     set_rates(true, &mut expected);
-    let change = until_all_right(&client, &expected).await;
+    let (change, last_to_change) = until_all_right(&client, &expected).await;
 
     println!("pools                                  {}", args.pools);
     println!("reserve lanes                          {}", expected.len());
     println!(
-        "every reserve right after start        {:.1} s",
-        start.as_secs_f64()
+        "Pods                                   {pods} ({} running when measured)",
+        before_pods.pods
     );
     println!(
-        "a rate change reaches every pool       {:.1} s (interval 15 s, rate window 30 s)",
-        change.as_secs_f64()
+        "every reserve right after start        {:.1} s (every Pod running: {:.1} s)",
+        start.as_secs_f64(),
+        all_pods.as_secs_f64()
     );
     println!(
-        "operator RSS                           {rss:.0} MiB ({anon:.0} MiB heap and stacks, {file:.0} MiB the binary's pages)"
+        "a rate change reaches every pool       {:.1} s = {:.1} intervals of {interval_seconds} s",
+        change.as_secs_f64(),
+        change.as_secs_f64() / interval_seconds
+    );
+    for lane in &last_to_change {
+        println!("  among the last: {lane}");
+    }
+    println!(
+        "operator RSS                           {rss:.0} MiB, peak {peak:.0} MiB ({anon:.0} MiB heap and stacks, {file:.0} MiB the binary's pages)"
     );
     println!(
-        "CPU seconds per interval               {:.2}",
-        (cpu_after - cpu_before) / intervals
+        "CPU seconds per interval               {:.2} ({:.2} of a core)",
+        (cpu_after - cpu_before) / intervals,
+        (cpu_after - cpu_before) / args.steady_seconds as f64
     );
     println!("reconciles per interval                {reconciles:.0}");
     println!(
@@ -338,6 +485,7 @@ async fn main() {
         p99.map_or("-".into(), |v| format!("{:.0}", v * 1e3))
     );
     println!("Prometheus queries per interval        {queries:.1}");
+    println!("API server Pod LISTs per interval      {pod_lists:.1}");
     println!("API server LISTs per interval          {lists:.1}");
     println!(
         "API server requests per interval       {}",
@@ -346,5 +494,14 @@ async fn main() {
             .map(|(verb, count)| format!("{verb} {count:.1}"))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    println!(
+        "GETs at each Pod per interval          {mean_gets:.2} mean, {most_gets:.2} most ({} Pods through the window)",
+        gets.len()
+    );
+    println!(
+        "drain requests, requests to no Pod     {}, {}",
+        after_pods.drains - before_pods.drains,
+        after_pods.strays - before_pods.strays
     );
 }
