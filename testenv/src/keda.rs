@@ -56,16 +56,25 @@ pub async fn start(
         plane,
         &["apply", "--server-side", "-f", &display(&binaries.crds)],
     )?;
-    kubectl(
-        plane,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/scaledobjects.keda.sh",
-            "crd/triggerauthentications.keda.sh",
-        ],
-    )?;
+    // Polled rather than `kubectl wait`, which fails on a CRD that has no status yet.
+    let established = "-o=jsonpath={.status.conditions[?(@.type==\"Established\")].status}";
+    let deadline = Instant::now() + READY_TIMEOUT;
+    for crd in ["scaledobjects.keda.sh", "triggerauthentications.keda.sh"] {
+        while !plane
+            .kubectl(&["get", "crd", crd, established])?
+            .1
+            .contains("True")
+        {
+            if Instant::now() > deadline {
+                return Err(TestEnvError::NotReady {
+                    what: format!("the CRD {crd}"),
+                    seconds: READY_TIMEOUT.as_secs(),
+                    log: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let adapter_port = free_port()?;
     let manifest = dir.join("keda.yaml");
     std::fs::write(&manifest, registration(certs, adapter_port)?)
