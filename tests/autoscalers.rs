@@ -349,11 +349,11 @@ async fn follow_a_backlog(world: &World, min: i32, jobs: usize) -> Followed {
     }
 }
 
-/// Waits for the reserve its load puts it at (30/s × 20 ms: 2) and every worker ready.
+/// Waits for the reserve its load puts it at (30/s × 20 ms: 2) and the pool's status at `total`.
 async fn settled_at(world: &World, total: i32) -> i32 {
     until(
         120,
-        "the reserve sized and every worker running",
+        "the reserve sized and status.replicas at the total",
         || async {
             let reserved = world.replicas("jobs-urgent-reserved").await;
             let pool = world.pool().await;
