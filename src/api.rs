@@ -104,8 +104,8 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
     "has(self.totalWorkers) != (has(self.shared) && has(self.shared.replicas))"
 ).message("set exactly one pool size: spec.totalWorkers (a fixed budget) or spec.shared.replicas (shared workers, reserved added on top)").field_path(".totalWorkers"))]
 #[x_kube(validation = Rule::new(
-    "!has(self.totalWorkers) || self.totalWorkers >= self.lanes.filter(l, has(l.reserve)).map(l, l.reserve.max).sum() + (has(self.shared) && has(self.shared.minReplicas) ? self.shared.minReplicas : 1)"
-).message("spec.totalWorkers must be at least the sum of every lane's reserve.max plus shared.minReplicas").field_path(".totalWorkers"))]
+    "!has(self.totalWorkers) || self.totalWorkers >= self.lanes.filter(l, has(l.reserve)).map(l, has(l.reserve.min) ? l.reserve.min : 1).sum() + (has(self.shared) && has(self.shared.minReplicas) ? self.shared.minReplicas : 1)"
+).message("spec.totalWorkers must be at least the sum of every lane's reserve.min plus shared.minReplicas").field_path(".totalWorkers"))]
 #[x_kube(validation = Rule::new(
     "!has(self.prometheus) || !has(self.prometheus.timeout) || duration(self.prometheus.timeout) < duration(self.interval)"
 ).message("spec.prometheus.timeout must be shorter than spec.interval").field_path(".prometheus.timeout"))]
@@ -130,7 +130,11 @@ pub struct LanePoolSpec {
     pub headroom: f64,
 
     /// A fixed budget of workers: shared = totalWorkers − reserved, never below
-    /// shared.minReplicas. Set this or shared.replicas, not both.
+    /// shared.minReplicas. At least Σ reserve.min + shared.minReplicas, so an autoscaler can take
+    /// the pool as low as its reserves' floor. When it leaves less than the reserves ask, each
+    /// lane keeps reserve.min and the rest goes to the lanes in priority order, each up to what
+    /// it asks (ScalingLimited, reason TotalBelowReserves, says who got what); the pool never
+    /// runs more than totalWorkers. Set this or shared.replicas, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000))]
     pub total_workers: Option<i32>,

@@ -285,8 +285,9 @@ async fn bad_manifests_are_refused_with_the_field_named() {
             &["spec.totalWorkers", "exactly one pool size"],
         ),
         (
+            // Below reserve.min (1) + shared.minReplicas (1); 2 to 6, below reserve.max, is allowed.
             "budget-too-small",
-            Box::new(|s| s["totalWorkers"] = json!(6)),
+            Box::new(|s| s["totalWorkers"] = json!(1)),
             &["spec.totalWorkers", "at least the sum"],
         ),
         (

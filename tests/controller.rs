@@ -1816,15 +1816,6 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
         "{scale}"
     );
 
-    // Below the reserves' maxima plus shared.minReplicas (6 + 3 + 2 here), or to zero: refused,
-    // the pool untouched.
-    for replicas in ["10", "0"] {
-        let (ok, out) = kubectl(&["scale", "lp/jobs", "--replicas", replicas, "-n", ns]);
-        assert!(!ok, "--replicas {replicas} accepted: {out}");
-        assert!(out.contains("spec.totalWorkers"), "{out}");
-    }
-    assert_eq!(world.pool().await.spec.total_workers, Some(14));
-
     let (ok, wide) = kubectl(&["get", "lp", "-o", "wide", "-n", ns]);
     assert!(ok, "{wide}");
     let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
@@ -1835,6 +1826,46 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
     }
     assert!(wide.contains("urgent 1, critical 2"), "{wide}");
     eprintln!("kubectl get lp -o wide:\n{wide}");
+
+    // Below what the reserves ask plus shared.minReplicas (1 + 2 + 2 = 5) the total is taken
+    // down to the reserves' floor (1 + 1 + 2 = 4): shared keeps its minimum, urgent (the first
+    // lane) keeps its 1 and critical gets 1 of the 2 it asks, and the pool says so.
+    let (ok, out) = kubectl(&["scale", "lp/jobs", "--replicas", "4", "-n", ns]);
+    assert!(ok, "{out}");
+    world
+        .until(30, "urgent 1, critical cut to 1, shared 2", || async {
+            world.replicas("jobs-urgent-reserved").await == Some(1)
+                && world.replicas("jobs-critical-reserved").await == Some(1)
+                && world.replicas("jobs-shared").await == Some(2)
+        })
+        .await;
+    let (status, reason, message) = world.condition("ScalingLimited").await.unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "TotalBelowReserves"),
+        "{message}"
+    );
+    assert!(
+        message
+            .contains("lane critical asks 2 reserved workers and gets 1: totalWorkers 4 leaves 2"),
+        "{message}"
+    );
+    world
+        .until(10, "a TotalBelowReserves event", || async {
+            world.events().await.iter().any(|(reason, note)| {
+                reason == "TotalBelowReserves" && note.contains("lane critical asks 2")
+            })
+        })
+        .await;
+
+    // Below the reserves' minimums plus shared.minReplicas, or to zero: refused, the pool
+    // untouched.
+    for replicas in ["3", "0"] {
+        let (ok, out) = kubectl(&["scale", "lp/jobs", "--replicas", replicas, "-n", ns]);
+        assert!(!ok, "--replicas {replicas} accepted: {out}");
+        assert!(out.contains("spec.totalWorkers"), "{out}");
+    }
+    assert_eq!(world.pool().await.spec.total_workers, Some(4));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

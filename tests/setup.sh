@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need and a fresh machine lacks: Prometheus and buildah
 # (builds and runs the images without a daemon) from Debian's packages, and the pinned kube-apiserver,
-# kube-controller-manager, etcd, kubectl and helm built from tests/tools/go.mod.
+# kube-controller-manager, etcd, kubectl and helm built from tests/tools/go.mod, and KEDA from
+# tests/tools/keda/go.mod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -65,10 +65,12 @@ pub(super) async fn report_decision(
         }
     }
     // A warning condition that turns true (or names another lane) is also an event.
-    for warning in conditions
-        .iter()
-        .filter(|c| c.type_ == GRACE_PERIOD_TOO_SHORT && c.status)
-    {
+    // So is a total below what the reserves ask: which lane got what.
+    for warning in conditions.iter().filter(|c| {
+        c.status
+            && (c.type_ == GRACE_PERIOD_TOO_SHORT
+                || (c.type_ == status::SCALING_LIMITED && c.reason == status::BELOW_RESERVES))
+    }) {
         let was = old.conditions.iter().find(|c| c.type_ == warning.type_);
         if was.is_none_or(|c| c.status != "True" || c.message != warning.message) {
             events.push(ctx.event(

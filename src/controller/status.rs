@@ -11,6 +11,9 @@ use crate::sizing::{Decision, LaneDecision};
 pub const READY: &str = "Ready";
 pub const METRICS_AVAILABLE: &str = "MetricsAvailable";
 pub const SCALING_LIMITED: &str = "ScalingLimited";
+/// `ScalingLimited`'s reason, and the event's, when totalWorkers is below what the reserves ask
+/// plus shared.minReplicas and the reserves were cut.
+pub const BELOW_RESERVES: &str = "TotalBelowReserves";
 pub const PAUSED: &str = "Paused";
 
 /// A condition before timestamps: type, status, reason, message.
@@ -92,7 +95,8 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Cond
         }
         ConditionState::new(METRICS_AVAILABLE, false, "QueryFailed", message)
     };
-    let mut limits = decision.limited.clone();
+    let mut limits = decision.below_total.clone();
+    limits.extend(decision.limited.iter().cloned());
     limits.extend(hpa.clone());
     let limited = if limits.is_empty() {
         ConditionState::new(
@@ -104,6 +108,8 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Cond
     } else {
         let reason = if hpa.is_some() {
             "HorizontalPodAutoscaler"
+        } else if !decision.below_total.is_empty() {
+            BELOW_RESERVES
         } else {
             "AtMax"
         };

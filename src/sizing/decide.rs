@@ -111,6 +111,9 @@ pub struct Decision {
     pub unavailable: Vec<String>,
     /// Why a reserve could not be as large as the load asks; empty when no lane was capped.
     pub limited: Vec<String>,
+    /// How the reserves were cut because `totalWorkers` leaves less than they ask after
+    /// `shared.minReplicas`, lane by lane; empty when every reserve fits.
+    pub below_total: Vec<String>,
     /// Evaluations in a row, this one included, with some lane unmeasured: 0 when all were.
     pub failed_intervals: u32,
     /// What the outage policy is doing, such as "failed interval 1 of 3: holding"; `None`
@@ -194,10 +197,16 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
         lanes.push(decision);
     }
 
+    let below_total = match sizing.size {
+        PoolSize::Budget { total, shared_min } => {
+            fit_to_total(sizing, &mut lanes, total, shared_min)
+        }
+        PoolSize::Shared { .. } => Vec::new(),
+    };
     let reserved: i32 = lanes.iter().map(|l| l.reserve).sum();
     let shared = match sizing.size {
         PoolSize::Shared { replicas } => replicas,
-        // The spec guarantees total ≥ Σ max + shared_min, so this never goes below shared_min.
+        // The spec guarantees total ≥ Σ min + shared_min and the reserves were fitted to it.
         PoolSize::Budget { total, shared_min } => (total - reserved).max(shared_min),
     };
     Decision {
@@ -206,9 +215,57 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
         history,
         unavailable,
         limited,
+        below_total,
         failed_intervals,
         outage: failing.then(|| stage.to_string()),
     }
+}
+
+/// Fits the reserves into `total − shared_min` when they ask for more: every lane keeps its
+/// `reserve.min` (the spec guarantees room for all of them), and what is left goes to the lanes
+/// in priority order, each up to what it asked. Returns, per cut lane, what it asked and got.
+fn fit_to_total(
+    sizing: &PoolSizing,
+    lanes: &mut [LaneDecision],
+    total: i32,
+    shared_min: i32,
+) -> Vec<String> {
+    let for_reserves = total - shared_min;
+    let asked: i32 = lanes.iter().map(|l| l.reserve).sum();
+    if asked <= for_reserves {
+        return Vec::new();
+    }
+    let floor = |name: &str| {
+        sizing
+            .lanes
+            .iter()
+            .find(|l| l.name == name)
+            .map_or(0, |l| l.min)
+    };
+    let mut left = (for_reserves - lanes.iter().map(|l| floor(&l.name)).sum::<i32>()).max(0);
+    let mut cut = Vec::new();
+    for lane in lanes.iter_mut() {
+        let min = floor(&lane.name).min(lane.reserve);
+        let extra = (lane.reserve - min).clamp(0, left);
+        left -= extra;
+        let gets = min + extra;
+        if gets < lane.reserve {
+            let suffix = format!(" → {} reserved", lane.reserve);
+            let fitted = format!(
+                " → {}, cut to {gets} by totalWorkers {total} → {gets} reserved",
+                lane.reserve
+            );
+            if let Some(head) = lane.explanation.strip_suffix(&suffix) {
+                lane.explanation = format!("{head}{fitted}");
+            }
+            cut.push(format!(
+                "lane {} asks {} reserved workers and gets {gets}: totalWorkers {total} leaves {for_reserves} for reserves after shared.minReplicas {shared_min}, lanes in priority order",
+                lane.name, lane.reserve
+            ));
+            lane.reserve = gets;
+        }
+    }
+    cut
 }
 
 /// Where an outage stands against the pool's policy.

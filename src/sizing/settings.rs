@@ -169,12 +169,14 @@ impl PoolSizing {
             spec.shared.as_ref().and_then(|s| s.replicas),
         ) {
             (Some(total), None) => {
-                let most_reserved: i32 = lanes.iter().map(|l| l.max).sum();
-                if total < most_reserved + shared_min {
+                // Below what the reserves ask the decision cuts them (decide::fit_to_total),
+                // never below their minimums.
+                let least_reserved: i32 = lanes.iter().map(|l| l.min).sum();
+                if total < least_reserved + shared_min {
                     return Err(Error::invalid(
                         "spec.totalWorkers",
                         format!(
-                            "{total} is less than the reserves' max ({most_reserved}) plus shared.minReplicas ({shared_min})"
+                            "{total} is less than the reserves' min ({least_reserved}) plus shared.minReplicas ({shared_min})"
                         ),
                     ));
                 }

@@ -1139,3 +1139,77 @@ fn an_endless_load_asks_for_every_worker_it_can_and_says_capped() {
         )]
     );
 }
+
+/// Two Formula lanes, urgent first: 60/s × 50 ms × 1.5 asks 5 and 40/s × 50 ms × 1.5 asks 3.
+fn two_lanes_in(total: i32) -> (PoolSizing, Loads) {
+    let lane = |name: &str| LaneSizing {
+        name: name.into(),
+        min: 1,
+        max: 6,
+        rule: Rule::Formula,
+    };
+    let sizing = PoolSizing {
+        stabilization_window: Duration::ZERO,
+        ..PoolSizing::new(
+            vec![lane("urgent"), lane("critical")],
+            1.5,
+            PoolSize::Budget {
+                total,
+                shared_min: 1,
+            },
+        )
+    };
+    let load = |rate: f64| {
+        Ok(LaneLoad {
+            arrival_rate: rate,
+            recent_arrival_rate: None,
+            job_seconds: Some(0.050),
+        })
+    };
+    let loads = BTreeMap::from([
+        ("urgent".to_string(), load(60.0)),
+        ("critical".to_string(), load(40.0)),
+    ]);
+    (sizing, loads)
+}
+
+#[test]
+fn a_total_below_what_the_reserves_ask_cuts_them_in_priority_order_above_their_minimums() {
+    // 5 + 3 + shared 1 = 9 fits; at 7 urgent keeps its 5 and critical gets 1 of 3 (its min);
+    // at 3 each keeps its min.
+    for (total, urgent, critical) in [(9, 5, 3), (7, 5, 1), (5, 3, 1), (3, 1, 1)] {
+        let (sizing, loads) = two_lanes_in(total);
+        let decision = at(&sizing, &loads, None, &History::new(), 0);
+        let got: Vec<i32> = decision.lanes.iter().map(|l| l.reserve).collect();
+        assert_eq!(got, vec![urgent, critical], "total {total}");
+        assert_eq!(decision.shared, 1, "total {total}");
+        assert_eq!(decision.reserved_total() + decision.shared, total.max(3));
+        assert_eq!(decision.below_total.is_empty(), total >= 9, "total {total}");
+    }
+    let (sizing, loads) = two_lanes_in(7);
+    let decision = at(&sizing, &loads, None, &History::new(), 0);
+    assert_eq!(
+        decision.below_total,
+        vec![
+            "lane critical asks 3 reserved workers and gets 1: totalWorkers 7 leaves 6 for \
+             reserves after shared.minReplicas 1, lanes in priority order"
+        ]
+    );
+    assert!(
+        decision.lanes[1]
+            .explanation
+            .ends_with("→ 3, cut to 1 by totalWorkers 7 → 1 reserved"),
+        "{}",
+        decision.lanes[1].explanation
+    );
+    // The recommendation is remembered uncut: the reserve grows back as soon as the total does.
+    let (sizing, loads) = two_lanes_in(9);
+    let grown = at(
+        &sizing,
+        &loads,
+        Some(&decision.replicas()),
+        &decision.history,
+        5,
+    );
+    assert_eq!(grown.lanes[1].reserve, 3);
+}

@@ -1,6 +1,7 @@
 //! Certificates for the test API server, generated fresh for every control plane: a CA, the
 //! server's serving certificate for 127.0.0.1, an admin client certificate in system:masters,
-//! and the service-account signing key; and, for a Prometheus that serves TLS, a CA of its own,
+//! the service-account signing key, the aggregation layer's front-proxy client certificate, and
+//! KEDA's certificate (its metrics API server and its operator's gRPC service); and, for a Prometheus that serves TLS, a CA of its own,
 //! its serving certificate and a client certificate ([`TlsMaterial`]).
 
 use std::path::{Path, PathBuf};
@@ -24,7 +25,18 @@ pub struct CertFiles {
     pub admin_key: PathBuf,
     pub service_account_key: PathBuf,
     pub service_account_public_key: PathBuf,
+    /// The client certificate the API server proxies to aggregated APIs with (CN
+    /// `front-proxy-client`); the request-header CA that vouches for it is `ca`.
+    pub front_proxy_cert: PathBuf,
+    pub front_proxy_key: PathBuf,
+    /// KEDA's directory: `ca.crt`, and `tls.crt`/`tls.key` for 127.0.0.1 and the metrics API
+    /// server's Service name, for serving and as a client (KEDA's gRPC is mutual TLS).
+    pub keda_dir: PathBuf,
 }
+
+/// The Service the aggregation layer reaches KEDA's metrics API server through: its serving
+/// certificate must name it.
+pub const KEDA_METRICS_SERVICE: (&str, &str) = ("keda", "keda-metrics-apiserver");
 
 /// A fresh CA: its certificate and what signs with it.
 fn certificate_authority(name: &str) -> Result<(Certificate, Issuer<'static, KeyPair>)> {
@@ -71,6 +83,31 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
 
     let service_account_key = KeyPair::generate()?;
 
+    let front_proxy_key = KeyPair::generate()?;
+    let mut front_proxy = CertificateParams::new(Vec::<String>::new())?;
+    front_proxy
+        .distinguished_name
+        .push(DnType::CommonName, "front-proxy-client");
+    front_proxy.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let front_proxy_cert = front_proxy.signed_by(&front_proxy_key, &ca)?;
+
+    let (namespace, service) = KEDA_METRICS_SERVICE;
+    let keda_key = KeyPair::generate()?;
+    let mut keda = CertificateParams::new(vec![
+        "localhost".to_string(),
+        format!("{service}.{namespace}.svc"),
+    ])?;
+    keda.subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    keda.distinguished_name.push(DnType::CommonName, "keda");
+    keda.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let keda_cert = keda.signed_by(&keda_key, &ca)?;
+    let keda_dir = dir.join("keda-certs");
+    std::fs::create_dir_all(&keda_dir).map_err(io(format!("creating {}", keda_dir.display())))?;
+
     let files = CertFiles {
         ca: dir.join("ca.crt"),
         serving_cert: dir.join("apiserver.crt"),
@@ -79,6 +116,9 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
         admin_key: dir.join("admin.key"),
         service_account_key: dir.join("service-account.key"),
         service_account_public_key: dir.join("service-account.pub"),
+        front_proxy_cert: dir.join("front-proxy-client.crt"),
+        front_proxy_key: dir.join("front-proxy-client.key"),
+        keda_dir: keda_dir.clone(),
     };
     for (path, pem) in [
         (&files.ca, ca_cert.pem()),
@@ -94,6 +134,11 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
             &files.service_account_public_key,
             service_account_key.public_key_pem(),
         ),
+        (&files.front_proxy_cert, front_proxy_cert.pem()),
+        (&files.front_proxy_key, front_proxy_key.serialize_pem()),
+        (&keda_dir.join("ca.crt"), ca_cert.pem()),
+        (&keda_dir.join("tls.crt"), keda_cert.pem()),
+        (&keda_dir.join("tls.key"), keda_key.serialize_pem()),
     ] {
         std::fs::write(path, pem).map_err(io(format!("writing {}", path.display())))?;
     }

@@ -1,6 +1,7 @@
-//! etcd plus kube-apiserver with TLS, RBAC and the LanePool CRD installed, and on request
-//! kube-controller-manager (Deployments become ReplicaSets and Pods; owners' deletions and
-//! namespaces are garbage-collected). No scheduler and no kubelet: pods never run by themselves.
+//! etcd plus kube-apiserver with TLS, RBAC, the aggregation layer and the LanePool CRD installed,
+//! and on request kube-controller-manager (Deployments become ReplicaSets and Pods; owners'
+//! deletions and namespaces are garbage-collected), with its HPA controller and KEDA beside it
+//! for [`Controllers::Autoscalers`]. No scheduler and no kubelet: pods never run by themselves.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,7 +30,16 @@ pub enum Controllers {
     /// kube-controller-manager with the deployment, replicaset, garbagecollector and namespace
     /// controllers: Deployments make ReplicaSets and Pods, and what a deleted object owned goes.
     Pods,
+    /// [`Self::Pods`], plus the horizontal-pod-autoscaler controller and KEDA (its operator and
+    /// its external metrics API server, registered through the aggregation layer).
+    Autoscalers,
 }
+
+/// How often the HPA controller evaluates every HPA: kube-controller-manager's default.
+pub const HPA_SYNC_PERIOD: Duration = Duration::from_secs(15);
+/// The HPA's scale-down stabilization here. The default is 300 s; a test cannot wait that long
+/// for every shrink, and the window only delays the shrink, it does not change its size.
+pub const HPA_DOWNSCALE_STABILIZATION: Duration = Duration::from_secs(30);
 
 /// A running etcd and kube-apiserver, and kube-controller-manager with [`Controllers::Pods`].
 pub struct ControlPlane {
@@ -73,7 +83,11 @@ impl ControlPlane {
         let apiserver_bin = tool("kube-apiserver")?;
         let controller_manager_bin = match controllers {
             Controllers::None => None,
-            Controllers::Pods => Some(tool("kube-controller-manager")?),
+            Controllers::Pods | Controllers::Autoscalers => Some(tool("kube-controller-manager")?),
+        };
+        let keda = match controllers {
+            Controllers::Autoscalers => Some(super::keda::Binaries::find()?),
+            _ => None,
         };
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let certs = certs::write(dir)?;
@@ -136,7 +150,7 @@ impl ControlPlane {
             plane.processes.push(Process::start(
                 "kube-controller-manager",
                 &program,
-                &controller_manager_args(&certs, &plane.kubeconfig),
+                &controller_manager_args(&certs, &plane.kubeconfig, controllers),
                 dir.join("kube-controller-manager.log"),
                 lifetime,
             )?);
@@ -147,6 +161,15 @@ impl ControlPlane {
                 .map_err(io("writing the pid file"))?;
         }
         plane.install_crd().await?;
+        if let Some(keda) = keda {
+            let processes = super::keda::start(&plane, &keda, &certs, lifetime).await?;
+            plane.processes.extend(processes);
+            if lifetime == Lifetime::Detached {
+                let pids: Vec<String> = plane.pids().iter().map(u32::to_string).collect();
+                std::fs::write(dir.join("pids"), pids.join("\n") + "\n")
+                    .map_err(io("writing the pid file"))?;
+            }
+        }
         plane.startup = began.elapsed();
         Ok(plane)
     }
@@ -182,7 +205,7 @@ impl ControlPlane {
         &self.dir
     }
 
-    /// The pids of etcd, kube-apiserver and (when it runs) kube-controller-manager.
+    /// The pids of etcd, kube-apiserver and (when they run) kube-controller-manager and KEDA.
     pub fn pids(&self) -> Vec<u32> {
         self.processes.iter().map(|p| p.child.id()).collect()
     }
@@ -339,16 +362,45 @@ fn apiserver_args(certs: &CertFiles, etcd_url: &str, port: u16, dir: &Path) -> V
         "--disable-admission-plugins=ServiceAccount".into(),
         "--endpoint-reconciler-type=none".into(),
         "--enable-priority-and-fairness=false".into(),
+        // The aggregation layer: the API server proxies external.metrics.k8s.io to KEDA's
+        // metrics API server with this client certificate, and tells it who asked in these
+        // headers, which that server believes of a certificate the request-header CA signed.
+        format!("--requestheader-client-ca-file={}", path(&certs.ca)),
+        "--requestheader-allowed-names=front-proxy-client".into(),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--proxy-client-cert-file={}", path(&certs.front_proxy_cert)),
+        format!("--proxy-client-key-file={}", path(&certs.front_proxy_key)),
         "--profiling=false".into(),
         "--v=0".into(),
     ]
 }
 
-fn controller_manager_args(certs: &CertFiles, kubeconfig: &Path) -> Vec<String> {
+fn controller_manager_args(
+    certs: &CertFiles,
+    kubeconfig: &Path,
+    controllers: Controllers,
+) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
-    vec![
+    let mut names = "deployment,replicaset,garbagecollector,namespace".to_string();
+    let mut hpa = Vec::new();
+    if controllers == Controllers::Autoscalers {
+        names.push_str(",horizontalpodautoscaling");
+        hpa = vec![
+            format!(
+                "--horizontal-pod-autoscaler-sync-period={}s",
+                HPA_SYNC_PERIOD.as_secs()
+            ),
+            format!(
+                "--horizontal-pod-autoscaler-downscale-stabilization={}s",
+                HPA_DOWNSCALE_STABILIZATION.as_secs()
+            ),
+        ];
+    }
+    let mut args = vec![
         format!("--kubeconfig={}", path(kubeconfig)),
-        "--controllers=deployment,replicaset,garbagecollector,namespace".into(),
+        format!("--controllers={names}"),
         format!(
             "--service-account-private-key-file={}",
             path(&certs.service_account_key)
@@ -366,7 +418,9 @@ fn controller_manager_args(certs: &CertFiles, kubeconfig: &Path) -> Vec<String> 
         "--kube-api-qps=500".into(),
         "--kube-api-burst=1000".into(),
         "--v=0".into(),
-    ]
+    ];
+    args.extend(hpa);
+    args
 }
 
 fn kubeconfig_yaml(url: &str, certs: &CertFiles) -> String {

@@ -7,6 +7,7 @@ mod certs;
 mod control_plane;
 mod examples;
 mod history;
+mod keda;
 mod kwok;
 mod operator;
 mod pod_workers;
@@ -18,7 +19,10 @@ mod worker_metrics;
 use std::net::TcpListener;
 use std::path::PathBuf;
 
-pub use control_plane::{ControlPlane, Controllers, shared, shared_with, unique_name};
+pub use control_plane::{
+    ControlPlane, Controllers, HPA_DOWNSCALE_STABILIZATION, HPA_SYNC_PERIOD, shared, shared_with,
+    unique_name,
+};
 pub use examples::example;
 pub use history::{
     DAY_CREATED, DAY_OUTAGE, DAY_PEAK, DAY_SPIKES, RecordedLane, Recording, day_urgent_rate,

@@ -59,6 +59,18 @@ impl Process {
         log: PathBuf,
         lifetime: Lifetime,
     ) -> Result<Self> {
+        Self::start_with_env(name, program, args, &[], log, lifetime)
+    }
+
+    /// [`Self::start`], with `env` added to the inherited environment.
+    pub fn start_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+        lifetime: Lifetime,
+    ) -> Result<Self> {
         let out = File::create(&log).map_err(io(format!("creating {}", log.display())))?;
         let err = out
             .try_clone()
@@ -66,6 +78,7 @@ impl Process {
         let mut command = Command::new(program);
         command
             .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned control-plane tools (kube-apiserver, kube-controller-manager, kubectl, etcd,
-# helm) into target/tools/ and skips any already built at the pinned version. The first build
-# takes several minutes. `build.sh kwok` builds kwok alone (from tests/tools/kwok/go.mod), for
-# the scale benchmark.
+# helm) and KEDA (its operator and metrics API server, from keda/go.mod) into target/tools/ and
+# skips any already built at the pinned version. The first build takes several minutes.
+# `build.sh kwok` builds kwok alone (from kwok/go.mod), for the scale benchmark.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,8 +28,11 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
   helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
 done
 
-build() { # name version package ldflags [module directory]
-  local name=$1 version=$2 pkg=$3 ldflags=$4 module=${5:-$here}
+keda_version=$(awk '$1 == "require" && $2 == "github.com/kedacore/keda/v2" { print $3 }' "$here/keda/go.mod")
+keda_ldflags="-s -w -X github.com/kedacore/keda/v2/version.Version=$keda_version"
+
+build() { # name version package ldflags [module dir]
+  local name=$1 version=$2 pkg=$3 ldflags=$4 dir=${5:-$here}
   local stamp="$out/.$name.version"
   if [ -x "$out/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$version" ]; then
     echo "tools: $name $version already built"
@@ -37,7 +40,7 @@ build() { # name version package ldflags [module directory]
   fi
   echo "tools: building $name $version (the first build takes minutes)..."
   local start=$SECONDS
-  (cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg")
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg")
   echo "$version" >"$stamp"
   echo "tools: built $name in $((SECONDS - start)) s"
 }
@@ -61,4 +64,16 @@ build kube-controller-manager "$k8s_version" k8s.io/kubernetes/cmd/kube-controll
 build kubectl "$k8s_version" k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
 # The stamp names the Kubernetes version too: a helm built without it is rebuilt.
 build helm "$helm_version+k8s-1.$minor" helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+# KEDA has its own module: its Kubernetes libraries are newer than the pinned API server's.
+build keda-operator "$keda_version" github.com/kedacore/keda/v2/cmd/operator "$keda_ldflags" "$here/keda"
+build keda-adapter "$keda_version" github.com/kedacore/keda/v2/cmd/adapter "$keda_ldflags" "$here/keda"
+# KEDA's CRDs, from the same module: the tests install them before starting the operator.
+crds="$out/keda-crds"
+if [ "$(cat "$crds/.version" 2>/dev/null)" != "$keda_version" ]; then
+  src=$(cd "$here/keda" && go mod download -json github.com/kedacore/keda/v2 | awk -F'"' '$2 == "Dir" { print $4 }')
+  rm -rf "$crds" && mkdir -p "$crds"
+  cp "$src"/config/crd/bases/*.yaml "$crds/"
+  echo "$keda_version" >"$crds/.version"
+  echo "tools: copied KEDA's CRDs $keda_version"
+fi
 echo "tools: ready in $out"

@@ -337,6 +337,7 @@ mod tests {
             )]),
             unavailable: vec![],
             limited: vec![],
+            below_total: vec![],
             failed_intervals: 0,
             outage: None,
         }
