@@ -56,6 +56,26 @@ fn dedicated_caps_urgent_throughput_at_reserved_over_job_time() {
 }
 
 #[test]
+fn a_hand_off_keeps_each_worker_away_between_two_jobs() {
+    let dedicated = Scenario::guide(Arrangement::Dedicated, 150.0);
+    let handing_off = run(&Scenario {
+        handoff: 5_000_000,
+        ..dedicated.clone()
+    })
+    .summary();
+    // 2 workers × 8 s ÷ (20 ms + 5 ms) = 640, not the 800 of 20 ms alone.
+    assert!(handing_off.urgent_completed <= 640, "{handing_off:?}");
+    assert!(handing_off.urgent_completed >= 630, "{handing_off:?}");
+    // The hand-off comes after the job: a job's own latency is unchanged when none waits.
+    let calm = run(&Scenario {
+        handoff: 5_000_000,
+        ..Scenario::guide(Arrangement::ReservedShared, 30.0)
+    })
+    .summary();
+    assert_eq!(calm.p99_ms, Some(20.0));
+}
+
+#[test]
 fn reserved_shared_completes_every_urgent_job_at_150_per_second() {
     let s = guide(Arrangement::ReservedShared, 150.0);
     // Only jobs still running at the 8 s mark may be missing.

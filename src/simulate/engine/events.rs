@@ -159,10 +159,14 @@ impl<'a> Engine<'a> {
                 self.finish(lane, submitted, at);
                 if self.pool.workers[id].leaving {
                     self.pool.workers[id].state = State::Gone;
+                } else if self.scenario.handoff > 0 {
+                    self.pool.workers[id].state = State::HandingOff;
+                    self.schedule(at + self.scenario.handoff, id);
                 } else {
                     self.take_work(id, at);
                 }
             }
+            State::HandingOff => self.take_work(id, at),
             State::Starting => {
                 if let Some(replaced) = self.pool.workers[id].replaces.take() {
                     self.pool.remove(replaced, 1);

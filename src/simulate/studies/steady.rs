@@ -14,7 +14,7 @@ use crate::simulate::engine::outcome::{millis, percentile};
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::rng::Pcg32;
 use crate::simulate::engine::run;
-use crate::simulate::engine::scenario::{Arrangement, Scenario, nanos};
+use crate::simulate::engine::scenario::{Arrangement, QUEUE_HANDOFF, Scenario, nanos};
 use crate::sizing::wait_within_job_time;
 
 /// Urgent job times of the grid, in milliseconds.
@@ -68,6 +68,7 @@ impl Cell {
             urgent_job: (self.job_ms * 1e6).round() as u64,
             batch_job: ((low * 1e6).round() as u64, (high * 1e6).round() as u64),
             backlog: u64::MAX,
+            handoff: QUEUE_HANDOFF,
             duration,
             drain: 0,
             arrivals: ArrivalKind::Poisson,
