@@ -43,10 +43,12 @@ impl<'a> Engine<'a> {
     fn new(scenario: &'a Scenario) -> Self {
         let windows = scenario.duration.div_ceil(scenario.window.max(1)) as usize;
         let control = scenario.autoscale.clone().map(|config| {
+            let (low, high) = scenario.batch_job;
             Control::start(
                 config,
                 scenario.profile.rate_at(0.0),
                 seconds(scenario.urgent_job),
+                (scenario.backlog > 0).then(|| seconds(low / 2 + high / 2)),
             )
         });
         let reserved = control

@@ -16,7 +16,8 @@ pub const NANOS_PER_SECOND: f64 = 1e9;
 /// workers as plain processes (release build, loopback, the 2-core machine with another build
 /// running): from the worker's job ending to its next take reaching the queue, a mean of 0.3 ms
 /// after batch jobs and 0.4 ms after urgent ones (`lane_queue --job-log`, its `round` lines).
-/// A queue in another Pod adds a network round trip or two.
+/// A queue in another Pod adds a network round trip or two. The default sizing assumes the
+/// same (`sizing::HANDOFF_SECONDS`).
 pub const QUEUE_HANDOFF: Nanos = 400_000;
 
 pub fn nanos(duration: Duration) -> Nanos {
