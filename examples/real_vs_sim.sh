@@ -6,7 +6,8 @@
 # pool. It prints, for each, the urgent wait p50 and p99 after a 30 s warm-up and the batch
 # completions per second, real beside simulated. About 3 minutes a row.
 #   ./examples/real_vs_sim.sh                  # 30/s, the default pool and static 1, 2, 3
-#   RATE=60 SPLITS="2 3 4" ./examples/real_vs_sim.sh
+#   RATE=60 POOLS="default 2 3 4" ./examples/real_vs_sim.sh
+#   ./examples/real_vs_sim.sh table            # the table again from the logs of the last runs
 #
 # The real waits are exact: every take's wait from the lane queue's job log (`--job-log`), not
 # the histogram's buckets (its interpolated p99 is printed beside them). The job log also gives
@@ -20,12 +21,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 rate=${RATE:-30}
-splits=${SPLITS:-1 2 3}
+pools=${POOLS:-default 1 2 3} # default: the sized pool; N: a static split of N reserved
 duration=${DURATION:-150}
 seeds=${SIM_SEEDS:-1 2 3 4 5}
 warm_up=30
 dir=target/real-vs-sim
 mkdir -p "$dir"
+MODE=${1:-}
 
 cargo build -q --release -p lanepool -p lanepool-testenv --bins \
   --example lane_queue --example lane_worker --example local_kubelet
@@ -49,6 +51,7 @@ simulated() { # urgent-ms batch-ms handoff-ms extra simulate flags...
 # One real run of the demo; its per-phase table and its job log, kept under $dir.
 real() { # RESERVE or empty
   local name=${1:-default}
+  [ "${MODE:-}" = table ] && return
   RESERVE=$1 URGENT_PROFILE="0s=$rate,${warm_up}s=$rate" DURATION=$duration DEMO_BIN=$bin \
     ./examples/demo.sh >"$dir/demo-$name.log" 2>&1
   cp target/demo/jobs.log "$dir/jobs-$name.log"
@@ -91,9 +94,10 @@ row() { # name RESERVE sim-flags...
   local name=$1 reserve=$2
   shift 2
   real "$reserve"
+  local key=${reserve:-default}
   local hist_p99 real_batch p50 p99 low high n urgent_ms overrun handoff_ms
-  read -r hist_p99 real_batch <<<"$(histogram "$name")"
-  { read -r p50 p99 low high n; read -r urgent_ms overrun handoff_ms; } <<<"$(exact "$name")"
+  read -r hist_p99 real_batch <<<"$(histogram "$key")"
+  { read -r p50 p99 low high n; read -r urgent_ms overrun handoff_ms; } <<<"$(exact "$key")"
   local batch_ms
   batch_ms=$(awk -v o="$overrun" 'BEGIN { printf "%.2f..%.2f", 100 + o, 300 + o }')
   local before after
@@ -103,9 +107,12 @@ row() { # name RESERVE sim-flags...
     "$name" "$p50" "$p99" "$low" "$high" "${hist_p99:--}" "${before% *}" "${after% *}" \
     "${real_batch:--}" "${before#* }" "${after#* }" "$urgent_ms" "$overrun" "$handoff_ms" "$n"
 }
-row "default" "" --autoscale --reserve-max 6
-for n in $splits; do
-  row "static $n" "$n" --reserved "$n"
+for pool in $pools; do
+  if [ "$pool" = default ]; then
+    row "default" "" --autoscale --reserve-max 6
+  else
+    row "static $pool" "$pool" --reserved "$pool"
+  fi
 done
 echo "urgent jobs 20 ms at $rate/s (Poisson), 10 workers; waits from ${warm_up}s to ${duration}s; logs: $dir/"
 echo "sim: nominal jobs, no hand-off; sim': the row's measured job times and hand-off; seeds $seeds"

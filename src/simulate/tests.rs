@@ -345,3 +345,17 @@ fn autoscaled_latency_target_beats_every_static_split_on_a_shifting_profile() {
     let best = tradeoff::best_static(&splits, target.p99_ms).unwrap_or(0.0);
     assert!(target.batch_per_second > best, "{target:?} vs {splits:?}");
 }
+
+#[test]
+fn suite_seeds_replace_the_sets_own_and_need_the_suite() {
+    let parse = |line: &str| {
+        Flags::try_parse_from(std::iter::once("simulate").chain(line.split_whitespace()))
+            .map(|flags| flags.args.suite_seeds)
+    };
+    assert_eq!(
+        parse("--suite --held-out --suite-seeds 117162,112983").ok(),
+        Some(vec![117_162, 112_983])
+    );
+    assert_eq!(parse("--suite").ok(), Some(Vec::new()));
+    assert!(parse("--suite-seeds 5").is_err());
+}

@@ -126,6 +126,16 @@ pub struct SimulateArgs {
     /// the suite shows generalizes.
     #[arg(long, requires = "suite")]
     pub held_out: bool,
+    /// With --suite: run the shapes on these seeds instead of the set's own, such as
+    /// 51234,8812,90017 (fresh seeds, drawn after the sizing is final, for a check nothing was
+    /// tuned on).
+    #[arg(
+        long,
+        requires = "suite",
+        value_delimiter = ',',
+        value_name = "SEED,..."
+    )]
+    pub suite_seeds: Vec<u64>,
     /// Print the guide's 4 × 2 table, our figures beside the guide's.
     #[arg(long)]
     pub guide_table: bool,
