@@ -240,8 +240,8 @@ fn shared_help(sizing: &PoolSizing, inputs: &Inputs<'_>, name: &str) -> Option<S
     });
     let (unreserved, least) = match sizing.size {
         PoolSize::Budget { total, shared_min } => (total.saturating_sub(others), shared_min),
-        // Shared replicas do not change with the reserve.
-        PoolSize::Shared { replicas } => (i32::MAX, replicas),
+        // Shared replicas do not change with the reserve: always `least`.
+        PoolSize::Shared { replicas } => (0, replicas),
     };
     Some(SharedHelp {
         job_seconds,

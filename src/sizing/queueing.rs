@@ -39,7 +39,8 @@ pub struct SharedHelp {
     /// Mean time of the jobs shared workers run when no reserve lane waits.
     pub job_seconds: f64,
     /// Workers not reserved by the other lanes: the shared ones are these minus this lane's
-    /// reserve, never fewer than `least`.
+    /// reserve, never fewer than `least` (0 and the replicas for a fixed number of shared
+    /// workers).
     pub unreserved: i32,
     pub least: i32,
 }

@@ -1175,9 +1175,9 @@ fn shared_workers_freeing_up_often_let_a_large_pool_reserve_less_but_never_below
     sizing.lanes[0].max = 99;
     sizing.headroom = 1.0;
     sizing.lanes[0].rule = Rule::Queueing;
-    let decide_with = |shared_job_seconds| {
+    let decide_with = |sizing: &PoolSizing, shared_job_seconds| {
         decide(
-            &sizing,
+            sizing,
             Inputs {
                 loads: &loads(300.0, 0.020),
                 current: None,
@@ -1190,8 +1190,23 @@ fn shared_workers_freeing_up_often_let_a_large_pool_reserve_less_but_never_below
         .lanes[0]
             .reserve
     };
-    assert_eq!(decide_with(None), alone);
-    assert_eq!(decide_with(Some(0.2)), helped);
+    assert_eq!(decide_with(&sizing, None), alone);
+    assert_eq!(decide_with(&sizing, Some(0.2)), helped);
+    // A fixed number of shared workers helps as that many, whatever the reserve.
+    let fixed = SharedHelp {
+        job_seconds: 0.2,
+        unreserved: 0,
+        least: 8,
+    };
+    assert_eq!(fixed.free_ups(2), 40.0);
+    assert_eq!(fixed.free_ups(7), 40.0);
+    sizing.size = PoolSize::Shared { replicas: 8 };
+    let shared = decide_with(&sizing, Some(0.2));
+    assert_eq!(
+        Some(shared),
+        wait_within_job_time(300.0, 0.020, 1.0, Some(fixed))
+    );
+    assert!(shared >= helped, "{shared} vs {helped}");
 }
 
 #[test]

@@ -170,7 +170,7 @@ pub fn measure(cell: Cell, seed: u64) -> Measured {
         },
         PoolSize::Shared { replicas } => SharedHelp {
             job_seconds: (low / 2 + high / 2) as f64 / 1e9,
-            unreserved: i32::MAX,
+            unreserved: 0,
             least: replicas,
         },
     };
