@@ -1042,14 +1042,18 @@ async fn a_removed_lanes_workers_leave_once_shared_workers_took_their_place() {
             },
         )
         .await;
-    let status = world.pool().await.status.unwrap_or_default();
-    assert!(
-        status.rollout.as_deref().is_some_and(|r| r.contains(
-            "Deployment jobs-critical-reserved runs 2, shrinks to 0 once jobs-shared is ready ("
-        )),
-        "{:?}",
-        status.rollout
-    );
+    // The status is written after the growth goes out: wait for it rather than race it.
+    world
+        .until(10, "status.rollout naming the removed lane's shrink", || async {
+            world.pool().await.status.is_some_and(|s| {
+                s.rollout.as_deref().is_some_and(|r| {
+                    r.contains(
+                        "Deployment jobs-critical-reserved runs 2, shrinks to 0 once jobs-shared is ready (",
+                    )
+                })
+            })
+        })
+        .await;
     let removed = world
         .until(30, "the removed lane's Deployment gone", || async {
             world.replicas("jobs-critical-reserved").await.is_none()
