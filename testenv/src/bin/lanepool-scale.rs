@@ -428,20 +428,25 @@ async fn main() {
     .filter(|(_, count)| *count > 0.0)
     .collect();
     // What the writes were: the operator's own (events, statuses) and the Pods its scaling made.
-    let writes: Vec<String> = [("POST", "events"), ("POST", "pods"), ("APPLY", "deployments"), ("APPLY", "lanepools")]
-        .into_iter()
-        .map(|(verb, resource)| {
-            let verb_is = format!("verb=\"{verb}\"");
-            let resource_is = format!("resource=\"{resource}\"");
-            let count = per_interval(
-                &before_api,
-                &after_api,
-                "apiserver_request_total{",
-                &[&verb_is, &resource_is],
-            );
-            format!("{verb} {resource} {count:.1}")
-        })
-        .collect();
+    let writes: Vec<String> = [
+        ("POST", "events"),
+        ("POST", "pods"),
+        ("APPLY", "deployments"),
+        ("APPLY", "lanepools"),
+    ]
+    .into_iter()
+    .map(|(verb, resource)| {
+        let verb_is = format!("verb=\"{verb}\"");
+        let resource_is = format!("resource=\"{resource}\"");
+        let count = per_interval(
+            &before_api,
+            &after_api,
+            "apiserver_request_total{",
+            &[&verb_is, &resource_is],
+        );
+        format!("{verb} {resource} {count:.1}")
+    })
+    .collect();
     // GETs at the Pods that ran through the whole window.
     let gets: Vec<u64> = after_gets
         .iter()
@@ -513,7 +518,10 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!("  of which                              {}", writes.join(", "));
+    println!(
+        "  of which                              {}",
+        writes.join(", ")
+    );
     println!(
         "GETs at each Pod per interval          {mean_gets:.2} mean, {most_gets:.2} most ({} Pods through the window)",
         gets.len()
