@@ -49,7 +49,7 @@ else
     --example lane_queue --example lane_worker --example local_kubelet
   bin=${CARGO_TARGET_DIR:-target}/$profile_dir
 fi
-kubectl=target/tools/kubectl
+kubectl=${LANEPOOL_TOOLS_DIR:-target/tools}/kubectl
 
 # Stopped in this order on exit, Ctrl-C included: the kubelet first (its workers finish their
 # jobs and report them), then the operator and the queue, then the control plane.
@@ -89,10 +89,11 @@ done
 "$kubectl" -n demo get deployments
 
 # The queue starts after the Deployments exist, so its profile's clock and the timeline's agree.
+# Its job log ($dir/jobs.log) has every take's exact wait and each worker's round between takes.
 say "starting the lane queue on $queue_url: urgent $profile at 20 ms; batch $batch_backlog queued + $batch_rate/s at $batch_ms ms"
 "$bin/examples/lane_queue" --listen "127.0.0.1:$port" --namespace demo --pool jobs \
   --urgent-profile "$profile" --batch-backlog "$batch_backlog" --batch-rate "$batch_rate" \
-  --batch-ms "$batch_ms" >"$dir/queue.log" 2>&1 &
+  --batch-ms "$batch_ms" --job-log "$dir/jobs.log" >"$dir/queue.log" 2>&1 &
 queue_pid=$!
 start=$SECONDS
 start_epoch=$(date +%s)

@@ -202,8 +202,9 @@ pub struct Reserve {
     pub max: i32,
 
     /// How the reserve is computed from the measured load. `Queueing` (the default): the
-    /// smallest reserve whose predicted urgent wait p99 (Poisson arrivals at the rate ×
-    /// headroom, reserved workers alone) is at most the lane's measured job time, the guide's
+    /// smallest reserve that keeps up with the rate × headroom and whose predicted urgent wait
+    /// p99 (Poisson arrivals, each job plus a 0.4 ms hand-off, the shared workers helping as
+    /// often as they finish their own jobs) is at most the lane's measured job time, the guide's
     /// test of a working pool. `Formula`: ceil(arrival rate × job time × headroom).
     /// `LatencyTarget`: the smallest reserve whose predicted p99 meets `targetP99`.
     #[serde(default)]

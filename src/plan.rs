@@ -222,8 +222,9 @@ pub fn plan(input: PlanInput) -> Plan {
     let busy = input.arrival_rate * input.job_seconds;
     let (needed, ceiling) = formula(input.arrival_rate, input.job_seconds, input.headroom);
     let planned_rate = input.arrival_rate * input.headroom;
-    let queueing = wait_within_job_time(input.arrival_rate, input.job_seconds, input.headroom)
-        .unwrap_or(i32::MAX);
+    let queueing =
+        wait_within_job_time(input.arrival_rate, input.job_seconds, input.headroom, None)
+            .unwrap_or(i32::MAX);
     let wait = |reserve: i32| {
         let wait = predicted_wait_p99(planned_rate, input.job_seconds, reserve);
         if wait.is_finite() {

@@ -74,6 +74,7 @@ fn exported() -> String {
         history: &History::new(),
         now: Duration::ZERO,
         outage: Outage::default(),
+        shared_job_seconds: None,
     };
     metrics.decided("ns", "jobs", &decide(&sizing, inputs));
     metrics.reconciled("ns", "jobs", Duration::from_millis(5));

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::lanes::Lanes;
+use crate::lanes::{Job, Lanes, Round};
 
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, lanes: Arc<Lanes>, long_poll: Duration) {
@@ -49,6 +49,27 @@ struct Response {
     status: &'static str,
     content_type: &'static str,
     body: String,
+    /// The job a take handed out.
+    job: Option<Job>,
+}
+
+/// Notes a worker's done and, at its next take, logs the round from its last take.
+fn follow_round(log: &crate::lanes::JobLog, request: &Request, round: &mut Option<Round>) {
+    let now = std::time::Instant::now();
+    match request.path.as_str() {
+        "/done" => {
+            if let Some(round) = round.as_mut() {
+                round.done = Some(now);
+                round.ran = request.param("seconds").and_then(|s| s.parse().ok());
+            }
+        }
+        "/take" => {
+            if let Some(round) = round.take() {
+                log.round(&round, now);
+            }
+        }
+        _ => {}
+    }
 }
 
 impl Response {
@@ -57,6 +78,7 @@ impl Response {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
+            job: None,
         }
     }
 
@@ -65,6 +87,7 @@ impl Response {
             status: "200 OK",
             content_type: "application/json",
             body,
+            job: None,
         }
     }
 }
@@ -73,8 +96,25 @@ async fn connection(stream: TcpStream, lanes: Arc<Lanes>, long_poll: Duration) {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut taken_here: HashSet<u64> = HashSet::new();
+    let mut round: Option<Round> = None;
     while let Ok(Some(request)) = read_request(&mut reader).await {
+        if let Some(log) = lanes.log() {
+            follow_round(log, &request, &mut round);
+        }
         let response = respond(&request, &lanes, long_poll, &mut taken_here).await;
+        if lanes.log().is_some()
+            && request.path == "/take"
+            && response.status == "200 OK"
+            && let Some(job) = &response.job
+        {
+            round = Some(Round {
+                lane: job.lane.clone(),
+                job_ms: job.job_ms,
+                taken: job.taken,
+                ran: None,
+                done: None,
+            });
+        }
         let head = format!(
             "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}\r\n",
             response.status,
@@ -113,7 +153,10 @@ async fn respond(
             match lanes.take(&preference, long_poll).await {
                 Ok(Some(job)) => {
                     taken_here.insert(job.id);
-                    Response::json(serde_json::to_string(&job).unwrap_or_default())
+                    let mut response =
+                        Response::json(serde_json::to_string(&job).unwrap_or_default());
+                    response.job = Some(job);
+                    response
                 }
                 Ok(None) => Response::new("204 No Content", ""),
                 Err(refused) => Response::new("400 Bad Request", format!("{refused}\n")),
@@ -144,6 +187,7 @@ async fn respond(
             status: "200 OK",
             content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
             body: lanes.render_metrics(),
+            job: None,
         },
         ("GET", "/healthz") => Response::new("200 OK", "ok\n"),
         _ => Response::new("404 Not Found", "not found\n"),

@@ -61,6 +61,10 @@ struct Args {
     /// Seed of the arrivals and batch job times.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Write every take's exact wait and every worker's round between two takes to this file
+    /// (a line each; see `lanes::JobLog`).
+    #[arg(long)]
+    job_log: Option<std::path::PathBuf>,
 }
 
 fn job_time(value: &str) -> Result<Duration, String> {
@@ -105,7 +109,19 @@ async fn main() -> ExitCode {
         }
     };
     let addr = listener.local_addr().unwrap_or(args.listen);
-    let lanes = Arc::new(Lanes::new(&args.namespace, &args.pool, &LANES));
+    let log = match args
+        .job_log
+        .as_deref()
+        .map(lanes::JobLog::create)
+        .transpose()
+    {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("lane_queue: error: --job-log: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let lanes = Arc::new(Lanes::new(&args.namespace, &args.pool, &LANES, log));
 
     tokio::spawn(http::serve(listener, lanes.clone(), args.long_poll));
     tokio::spawn(producers::urgent(

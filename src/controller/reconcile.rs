@@ -217,6 +217,13 @@ impl Walk<'_> {
         let window = pods::reads::rate_window(ctx);
         memory.worker_reads.apply_to(&mut loads, window);
         let job_seconds = measure::served_job_seconds(pool, ctx, connection.as_ref(), &loads).await;
+        // The lanes only shared workers serve: their longest job time says how seldom, at
+        // least, a shared worker frees up to help a reserve lane.
+        let shared_job_seconds = job_seconds
+            .iter()
+            .filter(|(lane, _)| !loads.contains_key(*lane))
+            .map(|(_, seconds)| *seconds)
+            .reduce(f64::max);
         memory.measured(connection, job_seconds);
         let decision = decide(
             sizing,
@@ -226,6 +233,7 @@ impl Walk<'_> {
                 history: &memory.history,
                 now: self.now,
                 outage: memory.outage(&self.old_status, self.now, Timestamp::now()),
+                shared_job_seconds,
             },
         );
         memory.decided(&decision, pool.metadata.generation, self.now);

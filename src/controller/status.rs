@@ -257,6 +257,7 @@ mod tests {
                     history: &History::new(),
                     now: Duration::ZERO,
                     outage: Default::default(),
+                    shared_job_seconds: None,
                 },
             )
         };

@@ -35,10 +35,11 @@ fn p99_text(row: &Row) -> String {
 pub fn simulate_flags(replay: &Replay) -> String {
     let base = &replay.base;
     format!(
-        "--arrangement reserved-shared --urgent-ms {} --batch-ms {}..{} --backlog {} --duration {}s --arrivals poisson --seed {} --urgent-profile {}",
+        "--arrangement reserved-shared --urgent-ms {} --batch-ms {}..{} --handoff-ms {} --backlog {} --duration {}s --arrivals poisson --seed {} --urgent-profile {}",
         base.urgent_job as f64 / 1e6,
         base.batch_job.0 as f64 / 1e6,
         base.batch_job.1 as f64 / 1e6,
+        base.handoff as f64 / 1e6,
         base.backlog,
         base.duration / 1_000_000_000,
         base.seed,

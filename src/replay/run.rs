@@ -16,7 +16,8 @@ use crate::simulate::engine::outcome::Outcome;
 use crate::simulate::studies::in_parallel;
 use crate::simulate::studies::tradeoff::{Oracle, Point, frontier};
 use crate::simulate::{
-    Arrangement, ArrivalKind, Autoscale, RateProfile, Scenario, nanos, run as simulate,
+    Arrangement, ArrivalKind, Autoscale, QUEUE_HANDOFF, RateProfile, Scenario, nanos,
+    run as simulate,
 };
 use crate::sizing::{PoolSize, PoolSizing};
 
@@ -327,6 +328,7 @@ pub fn base_scenario(
             urgent_job: micros_nanos(job),
             batch_job,
             backlog: u64::MAX,
+            handoff: QUEUE_HANDOFF,
             duration,
             drain: 0,
             arrivals: ArrivalKind::Poisson,

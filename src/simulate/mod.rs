@@ -16,7 +16,7 @@ pub use engine::outcome::{Outcome, Summary};
 pub use engine::profile::RateProfile;
 pub use engine::rng::Pcg32;
 pub use engine::run;
-pub use engine::scenario::{Arrangement, Autoscale, Scenario, nanos};
+pub use engine::scenario::{Arrangement, Autoscale, QUEUE_HANDOFF, Scenario, nanos};
 pub use error::SimulateError;
 
 #[cfg(test)]

@@ -56,6 +56,26 @@ fn dedicated_caps_urgent_throughput_at_reserved_over_job_time() {
 }
 
 #[test]
+fn a_hand_off_keeps_each_worker_away_between_two_jobs() {
+    let dedicated = Scenario::guide(Arrangement::Dedicated, 150.0);
+    let handing_off = run(&Scenario {
+        handoff: 5_000_000,
+        ..dedicated.clone()
+    })
+    .summary();
+    // 2 workers × 8 s ÷ (20 ms + 5 ms) = 640, not the 800 of 20 ms alone.
+    assert!(handing_off.urgent_completed <= 640, "{handing_off:?}");
+    assert!(handing_off.urgent_completed >= 630, "{handing_off:?}");
+    // The hand-off comes after the job: a job's own latency is unchanged when none waits.
+    let calm = run(&Scenario {
+        handoff: 5_000_000,
+        ..Scenario::guide(Arrangement::ReservedShared, 30.0)
+    })
+    .summary();
+    assert_eq!(calm.p99_ms, Some(20.0));
+}
+
+#[test]
 fn reserved_shared_completes_every_urgent_job_at_150_per_second() {
     let s = guide(Arrangement::ReservedShared, 150.0);
     // Only jobs still running at the 8 s mark may be missing.
@@ -93,11 +113,17 @@ fn the_same_seed_gives_the_same_run() {
     assert_ne!(a.urgent_latencies, other.urgent_latencies);
 }
 
-/// The default rule's reserves at the spike's 20/s and 150/s of 20 ms jobs (20/s is well
-/// inside the tolerance of 2 reserved: 31.6/s asks for 3).
+/// The default rule's reserves at the spike's 20/s and 150/s of 20 ms jobs, beside the shared
+/// workers of a 10-worker budget finishing 200 ms batch jobs.
 fn spike_reserves() -> (u32, u32) {
+    let help = crate::sizing::SharedHelp {
+        job_seconds: 0.2,
+        unreserved: 10,
+        least: 1,
+    };
     let at = |rate: f64| {
-        crate::sizing::wait_within_job_time(rate, 0.020, 1.0).map_or(0, |r| r.unsigned_abs())
+        crate::sizing::wait_within_job_time(rate, 0.020, 1.0, Some(help))
+            .map_or(0, |r| r.unsigned_abs())
     };
     (at(20.0), at(150.0))
 }
@@ -318,4 +344,18 @@ fn autoscaled_latency_target_beats_every_static_split_on_a_shifting_profile() {
         .unwrap_or_else(|| panic!("{auto:?}"));
     let best = tradeoff::best_static(&splits, target.p99_ms).unwrap_or(0.0);
     assert!(target.batch_per_second > best, "{target:?} vs {splits:?}");
+}
+
+#[test]
+fn suite_seeds_replace_the_sets_own_and_need_the_suite() {
+    let parse = |line: &str| {
+        Flags::try_parse_from(std::iter::once("simulate").chain(line.split_whitespace()))
+            .map(|flags| flags.args.suite_seeds)
+    };
+    assert_eq!(
+        parse("--suite --held-out --suite-seeds 117162,112983").ok(),
+        Some(vec![117_162, 112_983])
+    );
+    assert_eq!(parse("--suite").ok(), Some(Vec::new()));
+    assert!(parse("--suite-seeds 5").is_err());
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::queueing::{formula, latency_target, wait_within_job_time};
+use super::queueing::{SharedHelp, formula, latency_target, wait_within_job_time};
 use super::settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 use crate::duration::{compact, human_seconds, trim};
 
@@ -68,6 +68,10 @@ pub struct Inputs<'a> {
     pub now: Duration,
     /// The metrics outage this evaluation continues, if the last one had a lane unmeasured.
     pub outage: Outage,
+    /// Mean time of the jobs shared workers run when no reserve lane waits (the lanes without
+    /// a reserve), when measured: how often a shared worker frees up to help a reserve lane
+    /// whose reserved workers are all busy. `None`: the reserves are sized as if alone.
+    pub shared_job_seconds: Option<f64>,
 }
 
 /// A metrics outage as the caller remembers it between evaluations.
@@ -166,10 +170,18 @@ pub fn decide(sizing: &PoolSizing, inputs: Inputs<'_>) -> Decision {
         let current = inputs
             .current
             .and_then(|c| c.reserved.get(&lane.name).copied());
+        let help = shared_help(sizing, &inputs, &lane.name);
         let decision = match inputs.loads.get(&lane.name) {
             Some(Ok(load)) => {
-                let lane_measured =
-                    measured(sizing, lane, load, current, inputs.history, inputs.now);
+                let lane_measured = measured(
+                    sizing,
+                    lane,
+                    load,
+                    current,
+                    help,
+                    inputs.history,
+                    inputs.now,
+                );
                 history.insert(lane.name.clone(), lane_measured.history);
                 limited.extend(lane_measured.capped);
                 lane_measured.decision
@@ -268,6 +280,33 @@ fn fit_to_total(
     cut
 }
 
+/// The shared workers' help to lane `name` (see [`SharedHelp`]): the pool's workers less the
+/// other lanes' current reserves, at the shared workers' measured job time. `None` when that
+/// job time is not measured.
+fn shared_help(sizing: &PoolSizing, inputs: &Inputs<'_>, name: &str) -> Option<SharedHelp> {
+    let job_seconds = inputs
+        .shared_job_seconds
+        .filter(|s| s.is_finite() && *s > 0.0)?;
+    let others: i32 = inputs.current.map_or(0, |current| {
+        current
+            .reserved
+            .iter()
+            .filter(|(lane, _)| lane.as_str() != name)
+            .map(|(_, reserve)| *reserve)
+            .sum()
+    });
+    let (unreserved, least) = match sizing.size {
+        PoolSize::Budget { total, shared_min } => (total.saturating_sub(others), shared_min),
+        // Shared replicas do not change with the reserve: always `least`.
+        PoolSize::Shared { replicas } => (0, replicas),
+    };
+    Some(SharedHelp {
+        job_seconds,
+        unreserved,
+        least,
+    })
+}
+
 /// Where an outage stands against the pool's policy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum OutageStage {
@@ -355,13 +394,19 @@ pub const MOST_TOLERANCE: f64 = 0.5;
 pub const CONFIRMING_SHARE: f64 = 2.0;
 
 /// A lane's reserve for one arrival rate, by its rule: (needed, its ceiling before the bounds).
-fn reserve_for(sizing: &PoolSizing, lane: &LaneSizing, arrival_rate: f64, job: f64) -> (f64, i32) {
+fn reserve_for(
+    sizing: &PoolSizing,
+    lane: &LaneSizing,
+    help: Option<SharedHelp>,
+    arrival_rate: f64,
+    job: f64,
+) -> (f64, i32) {
     match lane.rule {
         Rule::Formula => formula(arrival_rate, job, sizing.headroom),
         Rule::Queueing => {
             // An endless load asks for as much as can be asked, never for nothing.
             let reserve =
-                wait_within_job_time(arrival_rate, job, sizing.headroom).unwrap_or(i32::MAX);
+                wait_within_job_time(arrival_rate, job, sizing.headroom, help).unwrap_or(i32::MAX);
             (f64::from(reserve), reserve)
         }
         Rule::LatencyTarget { p99_seconds } => {
@@ -379,6 +424,7 @@ fn reserve_for(sizing: &PoolSizing, lane: &LaneSizing, arrival_rate: f64, job: f
 fn unconfirmed_growth(
     sizing: &PoolSizing,
     lane: &LaneSizing,
+    help: Option<SharedHelp>,
     load: &LaneLoad,
     current: Option<i32>,
     ceiling: i32,
@@ -386,9 +432,15 @@ fn unconfirmed_growth(
     let current = current.filter(|c| ceiling > *c)?;
     load.recent_arrival_rate?;
     let job = load.job_seconds.unwrap_or(0.0);
-    let confirmed = reserve_for(sizing, lane, load.arrival_rate * CONFIRMING_SHARE, job)
-        .1
-        .max(current);
+    let confirmed = reserve_for(
+        sizing,
+        lane,
+        help,
+        load.arrival_rate * CONFIRMING_SHARE,
+        job,
+    )
+    .1
+    .max(current);
     (confirmed < ceiling).then_some(confirmed)
 }
 
@@ -404,13 +456,14 @@ fn measured(
     lane: &LaneSizing,
     load: &LaneLoad,
     current: Option<i32>,
+    help: Option<SharedHelp>,
     history: &History,
     now: Duration,
 ) -> Measured {
     let job = load.job_seconds.unwrap_or(0.0);
     let followed = followed_recent(load);
     let rate = followed.map_or(load.arrival_rate, |r| r.per_second);
-    let (needed, mut ceiling) = reserve_for(sizing, lane, rate, job);
+    let (needed, mut ceiling) = reserve_for(sizing, lane, help, rate, job);
     // Move only when the rate, moved back by the tolerance, still asks for the change. A recent
     // rate counted over few arrivals is noisier than 10 %: then growth needs two standard
     // deviations of its Poisson count (75 arrivals: 23 %). Shrinking keeps the 10 %: a reserve
@@ -425,11 +478,11 @@ fn measured(
     let mut tolerated = None;
     if let Some(current) = current {
         let toward = if ceiling > current {
-            reserve_for(sizing, lane, rate / (1.0 + tolerance), job)
+            reserve_for(sizing, lane, help, rate / (1.0 + tolerance), job)
                 .1
                 .max(current)
         } else {
-            reserve_for(sizing, lane, rate * (1.0 + tolerance), job)
+            reserve_for(sizing, lane, help, rate * (1.0 + tolerance), job)
                 .1
                 .min(current)
         };
@@ -438,7 +491,7 @@ fn measured(
             ceiling = toward;
         }
     }
-    let unconfirmed = unconfirmed_growth(sizing, lane, load, current, ceiling);
+    let unconfirmed = unconfirmed_growth(sizing, lane, help, load, current, ceiling);
     let wanted = ceiling;
     if let Some(confirmed) = unconfirmed {
         ceiling = confirmed;

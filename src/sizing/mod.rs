@@ -15,8 +15,8 @@ pub use decide::{
     NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,
 };
 pub use queueing::{
-    formula, latency_target, predicted_p99, predicted_wait_p99, smallest_reserve,
-    wait_within_job_time,
+    HANDOFF_SECONDS, SharedHelp, formula, latency_target, predicted_p99, predicted_wait_p99,
+    smallest_reserve, smallest_reserve_helped, wait_within_job_time,
 };
 pub use reads::{Baselines, LaneReads, WorkerCount, baselines, finished_since};
 pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};

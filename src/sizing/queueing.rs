@@ -1,5 +1,6 @@
 //! Queueing arithmetic: the guide's formula, and the M/D/c wait a reserve is sized by (Poisson
-//! arrivals, a fixed job time, the reserved workers alone; shared workers only shorten the wait).
+//! arrivals, a fixed job time, the reserved workers; the shared workers, which take a waiting
+//! urgent job whenever they finish one of their own, shorten the wait's tail).
 
 /// The guide's formula: arrival rate × job time × headroom, and its ceiling. The ceiling
 /// forgives floating-point noise, so 100/s × 20 ms × 1.5 is 3, not 4.
@@ -25,7 +26,38 @@ pub fn predicted_wait_p99(arrival_rate: f64, job_seconds: f64, reserve: i32) -> 
     for k in 1..=reserve.max(0) {
         blocking = erlang_b_step(arrival_rate * job_seconds, k, blocking);
     }
-    wait_p99(arrival_rate, job_seconds, reserve, blocking)
+    wait_p99(arrival_rate, job_seconds, reserve, blocking, 0.0)
+}
+
+/// The shared workers a lane can count on while its reserved workers are all busy: each takes
+/// a waiting job of the lane as soon as it finishes its own (shared workers serve the reserve
+/// lanes first), so together they free up `workers / job_seconds` times a second. The lane's
+/// reserve still has to keep up with its load alone; the shared workers only cut the tail of
+/// the wait, and in a large pool they free up every few milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedHelp {
+    /// Mean time of the jobs shared workers run when no reserve lane waits.
+    pub job_seconds: f64,
+    /// Workers not reserved by the other lanes: the shared ones are these minus this lane's
+    /// reserve, never fewer than `least` (0 and the replicas for a fixed number of shared
+    /// workers).
+    pub unreserved: i32,
+    pub least: i32,
+}
+
+impl SharedHelp {
+    /// How often a shared worker frees up, per second, beside a reserve of `reserve`.
+    pub fn free_ups(&self, reserve: i32) -> f64 {
+        if !(self.job_seconds.is_finite() && self.job_seconds > 0.0) {
+            return 0.0;
+        }
+        let shared = self
+            .unreserved
+            .saturating_sub(reserve)
+            .max(self.least)
+            .max(0);
+        f64::from(shared) / self.job_seconds
+    }
 }
 
 /// Erlang B for `servers` from its value for one fewer (the recurrence, stable for any size).
@@ -33,8 +65,17 @@ fn erlang_b_step(offered: f64, servers: i32, blocking: f64) -> f64 {
     offered * blocking / (f64::from(servers) + offered * blocking)
 }
 
-/// The wait p99 from Erlang B at `reserve` servers.
-fn wait_p99(arrival_rate: f64, job_seconds: f64, reserve: i32, blocking: f64) -> f64 {
+/// The wait p99 from Erlang B at `reserve` servers, with shared workers freeing up `free_ups`
+/// times a second. A job that finds every reserved worker busy waits for the first of a reserved
+/// worker or a shared one to free up; the shared ones free up at random moments of their own
+/// jobs, so their rate adds to the tail's decay once (a fixed job time doubles the reserve's).
+fn wait_p99(
+    arrival_rate: f64,
+    job_seconds: f64,
+    reserve: i32,
+    blocking: f64,
+    free_ups: f64,
+) -> f64 {
     let offered = arrival_rate * job_seconds;
     if offered <= 0.0 || job_seconds <= 0.0 {
         return 0.0;
@@ -48,7 +89,7 @@ fn wait_p99(arrival_rate: f64, job_seconds: f64, reserve: i32, blocking: f64) ->
     if waits <= 0.01 {
         return 0.0;
     }
-    let decay = 2.0 * (servers / job_seconds - arrival_rate);
+    let decay = 2.0 * (servers / job_seconds - arrival_rate) + free_ups.max(0.0);
     (waits / 0.01).ln() / decay
 }
 
@@ -61,6 +102,16 @@ pub fn predicted_p99(arrival_rate: f64, job_seconds: f64, reserve: i32) -> f64 {
 /// none up to a million is (an overflowing or endless load). One pass of the Erlang B
 /// recurrence: the work grows with the answer, never with the bound.
 pub fn smallest_reserve(arrival_rate: f64, job_seconds: f64, wait_seconds: f64) -> Option<i32> {
+    smallest_reserve_helped(arrival_rate, job_seconds, wait_seconds, None)
+}
+
+/// [`smallest_reserve`] with the shared workers' help, when it is known.
+pub fn smallest_reserve_helped(
+    arrival_rate: f64,
+    job_seconds: f64,
+    wait_seconds: f64,
+    help: Option<SharedHelp>,
+) -> Option<i32> {
     let offered = arrival_rate * job_seconds;
     if !offered.is_finite() || wait_seconds.is_nan() || wait_seconds < 0.0 {
         return None;
@@ -70,7 +121,8 @@ pub fn smallest_reserve(arrival_rate: f64, job_seconds: f64, wait_seconds: f64) 
         if reserve > 0 {
             blocking = erlang_b_step(offered, reserve, blocking);
         }
-        if wait_p99(arrival_rate, job_seconds, reserve, blocking) <= wait_seconds {
+        let free_ups = help.map_or(0.0, |help| help.free_ups(reserve));
+        if wait_p99(arrival_rate, job_seconds, reserve, blocking, free_ups) <= wait_seconds {
             return Some(reserve);
         }
     }
@@ -93,10 +145,24 @@ pub fn latency_target(
     .filter(|reserve| *reserve <= most.max(0))
 }
 
+/// How long a worker is away between two jobs beyond the job's own time: reporting one done and
+/// asking for the next, at least a round trip each to its queue. Measured on the demo's lane
+/// queue and workers over loopback HTTP (`lane_queue --job-log`: 0.3-0.4 ms; the simulator's
+/// `QUEUE_HANDOFF`). Workers measure their jobs' run time only, so the default rule adds this
+/// to each job a reserved worker serves; a 5 ms job keeps its worker 8 % longer.
+pub const HANDOFF_SECONDS: f64 = 0.0004;
+
 /// The default rule: the smallest reserve whose predicted wait p99 is at most the job time, for
-/// the arrival rate × `headroom`: what the guide's test of a working pool ("urgent p99 close
-/// to the job's own duration") and the `LanePoolReserveTooSmall` alert ask. `None` when the
-/// load is endless.
-pub fn wait_within_job_time(arrival_rate: f64, job_seconds: f64, headroom: f64) -> Option<i32> {
-    smallest_reserve(arrival_rate * headroom, job_seconds, job_seconds)
+/// the arrival rate × `headroom`, each job keeping its worker for the job time and a hand-off
+/// ([`HANDOFF_SECONDS`]): what the guide's test of a working pool ("urgent p99 close to the
+/// job's own duration") and the `LanePoolReserveTooSmall` alert ask. `None` when the load is
+/// endless.
+pub fn wait_within_job_time(
+    arrival_rate: f64,
+    job_seconds: f64,
+    headroom: f64,
+    help: Option<SharedHelp>,
+) -> Option<i32> {
+    let served = job_seconds + HANDOFF_SECONDS;
+    smallest_reserve_helped(arrival_rate * headroom, served, job_seconds, help)
 }

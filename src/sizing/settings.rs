@@ -67,9 +67,10 @@ impl Default for UnavailablePolicy {
 /// How a measured load becomes a reserve.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
-    /// The default: the smallest reserve whose predicted urgent wait p99 (M/D/c: Poisson
-    /// arrivals at the rate × headroom, a fixed job time, the reserved workers alone) is at most
-    /// the lane's measured job time. Shared workers only make it better.
+    /// The default: the smallest reserve that keeps up with the rate × headroom and whose
+    /// predicted urgent wait p99 (M/D/c: Poisson arrivals, a fixed job time plus the hand-off,
+    /// the shared workers' help when their lanes' job time is measured) is at most the lane's
+    /// measured job time.
     Queueing,
     /// The guide's formula: ceil(arrival rate × job time × headroom).
     Formula,

@@ -61,6 +61,7 @@ fn at(
             history,
             now: Duration::from_secs(now),
             outage: Outage::default(),
+            shared_job_seconds: None,
         },
     )
 }
@@ -749,6 +750,7 @@ fn a_product_that_overflows_is_capped_at_max_never_read_as_no_load() {
             history: &History::new(),
             now: Duration::ZERO,
             outage: Outage::default(),
+            shared_job_seconds: None,
         },
     );
     assert_eq!(decision.lanes[0].reserve, sizing.lanes[0].max);
@@ -886,6 +888,7 @@ fn outage_run(
                     failed_before: decision.failed_intervals,
                     since: (decision.failed_intervals > 0).then_some(since),
                 },
+                shared_job_seconds: None,
             },
         );
     }
@@ -1033,6 +1036,7 @@ proptest! {
                 history: &decision.history,
                 now: Duration::from_secs(30 * (i as u64 + 1)),
                 outage: Outage { failed_before: decision.failed_intervals, since: Some(Duration::ZERO) },
+                shared_job_seconds: None,
             });
             prop_assert!(decision.lanes[0].reserve >= before, "{}", decision.lanes[0].explanation);
         }
@@ -1071,7 +1075,7 @@ fn a_spec_that_sets_no_sizing_gets_the_queueing_rule() {
 fn the_guides_normal_load_gets_two_reserved_where_the_formula_gives_one() {
     // 30/s × 20 ms is 0.6 busy workers: one reserved worker is busy 60 % of the time, and an
     // urgent job that finds it busy waits for it (or for a batch job to end).
-    assert_eq!(wait_within_job_time(30.0, 0.020, 1.0), Some(2));
+    assert_eq!(wait_within_job_time(30.0, 0.020, 1.0, None), Some(2));
     assert_eq!(formula(30.0, 0.020, 1.0).1, 1);
     let mut sizing = budget();
     sizing.headroom = 1.0;
@@ -1098,30 +1102,116 @@ fn the_queueing_rule_reserves_what_its_own_prediction_needs_and_no_more() {
     for job in [0.005, 0.020, 0.5, 2.0] {
         for busy in [0.01, 0.3, 0.6, 0.99, 1.0, 2.5, 9.7, 40.0, 180.0] {
             let rate = busy / job;
-            let reserve = wait_within_job_time(rate, job, 1.0).unwrap();
+            let reserve = wait_within_job_time(rate, job, 1.0, None).unwrap();
             assert!(f64::from(reserve) > busy, "{rate}/s × {job} s → {reserve}");
-            assert!(predicted_wait_p99(rate, job, reserve) <= job);
+            // Each job keeps its worker for the job time and the hand-off.
+            let served = job + HANDOFF_SECONDS;
+            assert!(predicted_wait_p99(rate, served, reserve) <= job);
             assert!(
-                predicted_wait_p99(rate, job, reserve - 1) > job,
+                predicted_wait_p99(rate, served, reserve - 1) > job,
                 "{rate}/s × {job} s: {} would do",
                 reserve - 1
             );
         }
     }
     // Square-root staffing: the spare workers grow far slower than the load.
-    let spare = |busy: f64| f64::from(wait_within_job_time(busy, 1.0, 1.0).unwrap()) - busy;
+    let spare = |busy: f64| f64::from(wait_within_job_time(busy, 1.0, 1.0, None).unwrap()) - busy;
     assert!(
         spare(400.0) < 4.0 * spare(4.0),
         "{} {}",
         spare(400.0),
         spare(4.0)
     );
-    assert_eq!(wait_within_job_time(0.0, 0.020, 1.0), Some(0));
+    assert_eq!(wait_within_job_time(0.0, 0.020, 1.0, None), Some(0));
+}
+
+#[test]
+fn short_jobs_are_sized_for_the_hand_off_between_two_jobs() {
+    // 1000/s × 5 ms: the 0.4 ms hand-off makes 5 busy workers 5.4.
+    let alone = smallest_reserve(1000.0, 0.005, 0.005).unwrap();
+    let with_hand_off = wait_within_job_time(1000.0, 0.005, 1.0, None).unwrap();
+    assert!(with_hand_off > alone, "{with_hand_off} vs {alone}");
+    // A 2 s job barely notices it.
+    assert_eq!(
+        wait_within_job_time(2.5, 2.0, 1.0, None),
+        smallest_reserve(2.5, 2.0, 2.0)
+    );
+}
+
+#[test]
+fn shared_workers_freeing_up_often_let_a_large_pool_reserve_less_but_never_below_the_load() {
+    // 300/s × 20 ms in a 100-worker budget, shared workers finishing 200 ms batch jobs: about
+    // 90 shared workers free up 450 times a second.
+    let help = SharedHelp {
+        job_seconds: 0.2,
+        unreserved: 100,
+        least: 1,
+    };
+    let alone = wait_within_job_time(300.0, 0.020, 1.0, None).unwrap();
+    let helped = wait_within_job_time(300.0, 0.020, 1.0, Some(help)).unwrap();
+    assert!(helped < alone, "{helped} vs {alone}");
+    assert!(
+        f64::from(helped) > 300.0 * (0.020 + HANDOFF_SECONDS),
+        "{helped}"
+    );
+    // In a pool of 4, one shared worker on 2 s batch jobs helps too seldom to matter.
+    let small = SharedHelp {
+        job_seconds: 2.0,
+        unreserved: 4,
+        least: 1,
+    };
+    assert_eq!(
+        wait_within_job_time(30.0, 0.020, 1.0, Some(small)),
+        wait_within_job_time(30.0, 0.020, 1.0, None)
+    );
+    // The operator's decision credits them when the shared lanes' job time is measured.
+    let mut sizing = pool(
+        PoolSize::Budget {
+            total: 100,
+            shared_min: 1,
+        },
+        0,
+    );
+    sizing.lanes[0].max = 99;
+    sizing.headroom = 1.0;
+    sizing.lanes[0].rule = Rule::Queueing;
+    let decide_with = |sizing: &PoolSizing, shared_job_seconds| {
+        decide(
+            sizing,
+            Inputs {
+                loads: &loads(300.0, 0.020),
+                current: None,
+                history: &History::new(),
+                now: Duration::ZERO,
+                outage: Outage::default(),
+                shared_job_seconds,
+            },
+        )
+        .lanes[0]
+            .reserve
+    };
+    assert_eq!(decide_with(&sizing, None), alone);
+    assert_eq!(decide_with(&sizing, Some(0.2)), helped);
+    // A fixed number of shared workers helps as that many, whatever the reserve.
+    let fixed = SharedHelp {
+        job_seconds: 0.2,
+        unreserved: 0,
+        least: 8,
+    };
+    assert_eq!(fixed.free_ups(2), 40.0);
+    assert_eq!(fixed.free_ups(7), 40.0);
+    sizing.size = PoolSize::Shared { replicas: 8 };
+    let shared = decide_with(&sizing, Some(0.2));
+    assert_eq!(
+        Some(shared),
+        wait_within_job_time(300.0, 0.020, 1.0, Some(fixed))
+    );
+    assert!(shared >= helped, "{shared} vs {helped}");
 }
 
 #[test]
 fn an_endless_load_asks_for_every_worker_it_can_and_says_capped() {
-    assert_eq!(wait_within_job_time(f64::MAX, 1.0, 10.0), None);
+    assert_eq!(wait_within_job_time(f64::MAX, 1.0, 10.0, None), None);
     assert_eq!(smallest_reserve(f64::NAN, 1.0, 1.0), None);
     let mut sizing = budget();
     sizing.headroom = 1.0;
@@ -1135,7 +1225,7 @@ fn an_endless_load_asks_for_every_worker_it_can_and_says_capped() {
         capped.limited,
         vec![format!(
             "lane urgent needs {} reserved workers but reserve.max is 6; shared workers absorb the rest",
-            wait_within_job_time(400.0, 0.020, 1.0).unwrap()
+            wait_within_job_time(400.0, 0.020, 1.0, None).unwrap()
         )]
     );
 }

@@ -39,6 +39,11 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         };
         let set = suite::Set {
             workers: args.workers,
+            seeds: if args.suite_seeds.is_empty() {
+                set.seeds
+            } else {
+                args.suite_seeds.clone()
+            },
             ..set
         };
         return Ok(suite::table(

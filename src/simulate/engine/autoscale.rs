@@ -22,12 +22,20 @@ pub struct Control {
     last_read: Option<Nanos>,
     pub reserve: i32,
     pub shared: i32,
+    /// The mean batch job time, which the operator measures as the lanes' only shared workers
+    /// serve: how often a shared worker frees up to help the urgent lane.
+    shared_job_seconds: Option<f64>,
 }
 
 impl Control {
     /// Starts as if the operator had been running at the opening load: the first decision uses
     /// the true opening rate, so a run does not begin with a cold reserve.
-    pub fn start(config: Autoscale, rate: f64, job_seconds: f64) -> Self {
+    pub fn start(
+        config: Autoscale,
+        rate: f64,
+        job_seconds: f64,
+        shared_job_seconds: Option<f64>,
+    ) -> Self {
         let mut control = Self {
             config,
             history: History::new(),
@@ -35,6 +43,7 @@ impl Control {
             last_read: None,
             reserve: 0,
             shared: 0,
+            shared_job_seconds,
         };
         let load = LaneLoad {
             arrival_rate: rate,
@@ -117,6 +126,7 @@ impl Control {
                 history: &self.history,
                 now: Duration::from_nanos(now),
                 outage: Outage::default(),
+                shared_job_seconds: self.shared_job_seconds,
             },
         )
     }

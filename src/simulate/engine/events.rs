@@ -43,10 +43,12 @@ impl<'a> Engine<'a> {
     fn new(scenario: &'a Scenario) -> Self {
         let windows = scenario.duration.div_ceil(scenario.window.max(1)) as usize;
         let control = scenario.autoscale.clone().map(|config| {
+            let (low, high) = scenario.batch_job;
             Control::start(
                 config,
                 scenario.profile.rate_at(0.0),
                 seconds(scenario.urgent_job),
+                (scenario.backlog > 0).then(|| seconds(low / 2 + high / 2)),
             )
         });
         let reserved = control
@@ -159,10 +161,14 @@ impl<'a> Engine<'a> {
                 self.finish(lane, submitted, at);
                 if self.pool.workers[id].leaving {
                     self.pool.workers[id].state = State::Gone;
+                } else if self.scenario.handoff > 0 {
+                    self.pool.workers[id].state = State::HandingOff;
+                    self.schedule(at + self.scenario.handoff, id);
                 } else {
                     self.take_work(id, at);
                 }
             }
+            State::HandingOff => self.take_work(id, at),
             State::Starting => {
                 if let Some(replaced) = self.pool.workers[id].replaces.take() {
                     self.pool.remove(replaced, 1);

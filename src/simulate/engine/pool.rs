@@ -21,6 +21,9 @@ pub enum State {
     },
     /// Between a role change (or a new pod) and taking work.
     Starting,
+    /// Between finishing a job and asking for the next (reporting it done, then a take): the
+    /// queue's hand-off, during which the worker takes nothing.
+    HandingOff,
     Gone,
 }
 

@@ -12,6 +12,14 @@ pub type Nanos = u64;
 
 pub const NANOS_PER_SECOND: f64 = 1e9;
 
+/// A worker's hand-off between two jobs over HTTP, measured on the demo's lane queue and lane
+/// workers as plain processes (release build, loopback, the 2-core machine with another build
+/// running): from the worker's job ending to its next take reaching the queue, a mean of 0.3 ms
+/// after batch jobs and 0.4 ms after urgent ones (`lane_queue --job-log`, its `round` lines).
+/// A queue in another Pod adds a network round trip or two. The default sizing assumes the
+/// same (`sizing::HANDOFF_SECONDS`).
+pub const QUEUE_HANDOFF: Nanos = 400_000;
+
 pub fn nanos(duration: Duration) -> Nanos {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -99,6 +107,10 @@ pub struct Scenario {
     /// Batch job times, uniform in [low, high].
     pub batch_job: (Nanos, Nanos),
     pub backlog: u64,
+    /// From a worker finishing a job to its next take reaching the queue (reporting the job
+    /// done, then asking again), during which it takes nothing. 0 for the guide's in-process
+    /// pool; [`QUEUE_HANDOFF`] for workers that talk to a queue over the network.
+    pub handoff: Nanos,
     pub duration: Nanos,
     /// After the last submission, how long completions still count (throughput stays per
     /// second of `duration`). 0 except to match runs that were measured a little late.
@@ -145,6 +157,7 @@ impl Scenario {
             urgent_job: 20_000_000,
             batch_job: (100_000_000, 300_000_000),
             backlog: 2_000,
+            handoff: 0,
             duration: 8_000_000_000,
             drain: 0,
             arrivals: ArrivalKind::Even,

@@ -14,8 +14,8 @@ use crate::simulate::engine::outcome::{millis, percentile};
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::rng::Pcg32;
 use crate::simulate::engine::run;
-use crate::simulate::engine::scenario::{Arrangement, Scenario, nanos};
-use crate::sizing::wait_within_job_time;
+use crate::simulate::engine::scenario::{Arrangement, QUEUE_HANDOFF, Scenario, nanos};
+use crate::sizing::{PoolSize, SharedHelp, wait_within_job_time};
 
 /// Urgent job times of the grid, in milliseconds.
 pub const JOB_MS: [f64; 5] = [5.0, 20.0, 100.0, 500.0, 2000.0];
@@ -68,6 +68,7 @@ impl Cell {
             urgent_job: (self.job_ms * 1e6).round() as u64,
             batch_job: ((low * 1e6).round() as u64, (high * 1e6).round() as u64),
             backlog: u64::MAX,
+            handoff: QUEUE_HANDOFF,
             duration,
             drain: 0,
             arrivals: ArrivalKind::Poisson,
@@ -160,8 +161,21 @@ pub fn measure(cell: Cell, seed: u64) -> Measured {
         .as_ref()
         .expect("a steady cell is autoscaled")
         .sizing;
-    let needed =
-        wait_within_job_time(cell.rate(), cell.job_ms / 1e3, sizing.headroom).unwrap_or(i32::MAX);
+    let (low, high) = scenario.batch_job;
+    let help = match sizing.size {
+        PoolSize::Budget { total, shared_min } => SharedHelp {
+            job_seconds: (low / 2 + high / 2) as f64 / 1e9,
+            unreserved: total,
+            least: shared_min,
+        },
+        PoolSize::Shared { replicas } => SharedHelp {
+            job_seconds: (low / 2 + high / 2) as f64 / 1e9,
+            unreserved: 0,
+            least: replicas,
+        },
+    };
+    let needed = wait_within_job_time(cell.rate(), cell.job_ms / 1e3, sizing.headroom, Some(help))
+        .unwrap_or(i32::MAX);
     let most = sizing.lanes.first().map_or(0, |lane| lane.max);
     let batch_after: u64 = outcome
         .windows

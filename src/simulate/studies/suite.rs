@@ -11,7 +11,7 @@ use crate::simulate::engine::arrivals::ArrivalKind;
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::rng::Pcg32;
 use crate::simulate::engine::run;
-use crate::simulate::engine::scenario::{Arrangement, Autoscale, Scenario};
+use crate::simulate::engine::scenario::{Arrangement, Autoscale, QUEUE_HANDOFF, Scenario};
 
 /// Seeds every profile is run with.
 pub const SEEDS: [u64; 3] = [1, 2, 3];
@@ -205,6 +205,7 @@ pub fn base(profile: RateProfile, duration: Duration, seed: u64, workers: u32) -
         arrivals: ArrivalKind::Poisson,
         profile,
         backlog: 1_000_000_000,
+        handoff: QUEUE_HANDOFF,
         duration,
         window: duration,
         seed,

@@ -57,7 +57,8 @@ const NODE: &str = "kwok-0";
 
 /// The reserve the default rule (wait p99 ≤ job time) gives a rate, within the spec's bounds.
 fn reserve_for(rate: f64) -> i32 {
-    lanepool::sizing::wait_within_job_time(rate, JOB_SECONDS, 1.0)
+    // The batch lane has no measured job time here, so the shared workers' help is not counted.
+    lanepool::sizing::wait_within_job_time(rate, JOB_SECONDS, 1.0, None)
         .unwrap_or(RESERVE_MAX)
         .clamp(1, RESERVE_MAX)
 }
