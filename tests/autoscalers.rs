@@ -17,7 +17,7 @@ use kube::api::{Api, ListParams, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
     self as testenv, Controllers, HPA_DOWNSCALE_STABILIZATION, HPA_SYNC_PERIOD, InProcessOperator,
-    TestPrometheus, example, http_get,
+    LaneQueue, TestPrometheus, example, http_get,
 };
 use serde_json::json;
 
@@ -45,7 +45,7 @@ struct World {
     queue: SocketAddr,
     prometheus: TestPrometheus,
     _kubelet: Option<Killed>,
-    _queue: Killed,
+    _queue: LaneQueue,
     _operator: InProcessOperator,
 }
 
@@ -55,7 +55,8 @@ impl World {
             testenv::shared_with(Controllers::Autoscalers).expect("the control plane starts");
         let client = plane.client().await.unwrap();
         let namespace = plane.namespace(&client, prefix).await.unwrap();
-        let (queue_process, queue) = start_queue(&namespace);
+        let queue_process = start_queue(&namespace);
+        let queue = queue_process.addr();
         let prometheus = TestPrometheus::start(&[queue]).unwrap();
         let kubelet = workers.then(|| {
             let logs: PathBuf = plane.dir().join(format!("workers-{namespace}"));
@@ -236,34 +237,15 @@ impl World {
 
 /// The lane queue: urgent jobs at 30/s × 20 ms (the guide's load: a reserve of 2) and no
 /// batch jobs until the test submits them.
-fn start_queue(namespace: &str) -> (Killed, SocketAddr) {
-    use std::io::BufRead;
-    let mut child = Command::new(example("lane_queue"))
-        .args([
-            "--listen=127.0.0.1:0",
-            "--pool=jobs",
-            "--urgent-profile=0s=30",
-        ])
-        .arg(format!("--namespace={namespace}"))
-        .args(["--batch-backlog=0", "--batch-rate=0"])
-        .arg(format!("--batch-ms={BATCH_MS}..{BATCH_MS}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting lane_queue");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("the queue's first line");
-    let addr = line
-        .trim()
-        .rsplit("http://")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    (Killed(child), addr)
+fn start_queue(namespace: &str) -> LaneQueue {
+    LaneQueue::start(&[
+        "--pool=jobs".into(),
+        "--urgent-profile=0s=30".into(),
+        format!("--namespace={namespace}"),
+        "--batch-backlog=0".into(),
+        "--batch-rate=0".into(),
+        format!("--batch-ms={BATCH_MS}..{BATCH_MS}"),
+    ])
 }
 
 /// The `n`th YAML block of docs/operations.md's section on sizing the whole pool.

@@ -15,7 +15,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
-    self as testenv, Controllers, InProcessOperator, TestPrometheus, example, http_get,
+    self as testenv, Controllers, InProcessOperator, LaneQueue, TestPrometheus, example, http_get,
 };
 use serde_json::json;
 
@@ -42,7 +42,7 @@ struct World {
     namespace: String,
     queue: SocketAddr,
     _kubelet: Killed,
-    _queue: Killed,
+    _queue: LaneQueue,
     _prometheus: TestPrometheus,
     _operator: InProcessOperator,
 }
@@ -52,7 +52,8 @@ impl World {
         let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
         let client = plane.client().await.unwrap();
         let namespace = plane.namespace(&client, prefix).await.unwrap();
-        let (queue_process, queue) = start_queue(&namespace);
+        let queue_process = start_queue(&namespace);
+        let queue = queue_process.addr();
         let prometheus = TestPrometheus::start(&[queue]).unwrap();
         let logs: PathBuf = plane.dir().join(format!("workers-{namespace}"));
         // A loopback block of its own, so parallel tests and the demo never share an address.
@@ -221,37 +222,16 @@ fn lanes(reserve_min: i32) -> serde_json::Value {
 }
 
 /// The lane queue: urgent jobs at 5/s (a reserve of 1) and a backlog of 10 s batch jobs.
-fn start_queue(namespace: &str) -> (Killed, SocketAddr) {
-    use std::io::BufRead;
-    let mut child = Command::new(example("lane_queue"))
-        .args([
-            "--listen=127.0.0.1:0",
-            "--pool=jobs",
-            "--urgent-profile=0s=5",
-        ])
-        .arg(format!("--namespace={namespace}"))
-        .args(["--batch-backlog=200", "--batch-rate=0"])
-        .arg(format!(
-            "--batch-ms={ms}..{ms}",
-            ms = (BATCH_SECONDS * 1000.0) as u64
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting lane_queue");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("the queue's first line");
-    let addr = line
-        .trim()
-        .rsplit("http://")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    (Killed(child), addr)
+fn start_queue(namespace: &str) -> LaneQueue {
+    let ms = (BATCH_SECONDS * 1000.0) as u64;
+    LaneQueue::start(&[
+        "--pool=jobs".into(),
+        "--urgent-profile=0s=5".into(),
+        format!("--namespace={namespace}"),
+        "--batch-backlog=200".into(),
+        "--batch-rate=0".into(),
+        format!("--batch-ms={ms}..{ms}"),
+    ])
 }
 
 async fn until<F, Fut>(seconds: u64, what: &str, check: F)

@@ -14,12 +14,20 @@ use crate::api::POOL_LABEL;
 /// (namespace, pool).
 type PoolOf = (String, String);
 
-#[derive(Default)]
 struct Objects<K> {
     /// Each pool's objects by name.
     by_pool: HashMap<PoolOf, BTreeMap<String, Arc<K>>>,
     /// Which pool each (namespace, name) is filed under, to move it when its label changes.
     filed: HashMap<(String, String), PoolOf>,
+}
+
+impl<K> Default for Objects<K> {
+    fn default() -> Self {
+        Self {
+            by_pool: HashMap::new(),
+            filed: HashMap::new(),
+        }
+    }
 }
 
 impl<K: Resource> Objects<K> {
@@ -84,10 +92,7 @@ impl<K: Resource> Default for PoolIndex<K> {
     fn default() -> Self {
         Self {
             state: RwLock::new(State {
-                objects: Objects {
-                    by_pool: HashMap::new(),
-                    filed: HashMap::new(),
-                },
+                objects: Objects::default(),
                 relisting: None,
                 ready: false,
             }),
@@ -102,12 +107,7 @@ impl<K: Resource> PoolIndex<K> {
         match event {
             Event::Apply(object) => state.objects.insert(object),
             Event::Delete(object) => state.objects.remove_object(&object),
-            Event::Init => {
-                state.relisting = Some(Objects {
-                    by_pool: HashMap::new(),
-                    filed: HashMap::new(),
-                });
-            }
+            Event::Init => state.relisting = Some(Objects::default()),
             Event::InitApply(object) => match state.relisting.as_mut() {
                 Some(next) => next.insert(object),
                 None => state.objects.insert(object),

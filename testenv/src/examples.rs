@@ -44,3 +44,50 @@ pub fn example(name: &str) -> PathBuf {
     });
     dir.join(name)
 }
+
+/// The example lane queue as a process of the test, killed when dropped.
+pub struct LaneQueue {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl LaneQueue {
+    /// Starts `lane_queue --listen=127.0.0.1:0` with `args`, and waits for the address it prints
+    /// on its first line.
+    pub fn start(args: &[String]) -> Self {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = Command::new(example("lane_queue"))
+            .arg("--listen=127.0.0.1:0")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting lane_queue");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the queue's first line");
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        Self { child, addr }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for LaneQueue {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

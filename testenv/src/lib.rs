@@ -23,7 +23,7 @@ pub use control_plane::{
     ControlPlane, Controllers, HPA_DOWNSCALE_STABILIZATION, HPA_SYNC_PERIOD, shared, shared_with,
     unique_name,
 };
-pub use examples::example;
+pub use examples::{LaneQueue, example};
 pub use history::{
     DAY_CREATED, DAY_OUTAGE, DAY_PEAK, DAY_SPIKES, RecordedLane, Recording, day_urgent_rate,
     synthetic_day,
