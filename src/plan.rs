@@ -10,7 +10,9 @@ use crate::simulate::ArrivalKind;
 use crate::simulate::command::args::parse_millis_range;
 use crate::simulate::{self, SimulateError};
 use crate::simulate::{Arrangement, Scenario, nanos};
-use crate::sizing::{formula, predicted_wait_p99, wait_within_job_time};
+use crate::sizing::{
+    HANDOFF_SECONDS, SharedHelp, formula, predicted_wait_p99_helped, wait_within_job_time,
+};
 
 /// The flags of `lanepool plan`.
 #[derive(clap::Args, Debug, Clone)]
@@ -82,6 +84,19 @@ fn check(args: &PlanArgs) -> Result<PlanInput, SimulateError> {
             format!("{max} must be at least --min and at least 1"),
         ));
     }
+    // With the pool's size, the shared workers' help is counted as the operator counts it: the
+    // batch jobs' mean time is how often one frees up (shared.minReplicas: 1).
+    let shared = match args.sweep.workers {
+        Some(workers) => {
+            let (low, high) = parse_millis_range(&args.sweep.batch_ms)?;
+            Some(SharedHelp {
+                job_seconds: (low + high) / 2.0 / 1e3,
+                unreserved: i32::try_from(workers).unwrap_or(i32::MAX),
+                least: 1,
+            })
+        }
+        None => None,
+    };
     Ok(PlanInput {
         arrival_rate: args.urgent_rate,
         job_seconds: args.job_time.as_secs_f64(),
@@ -89,6 +104,7 @@ fn check(args: &PlanArgs) -> Result<PlanInput, SimulateError> {
         sizing: args.sizing,
         min: args.min,
         max: args.max,
+        shared,
     })
 }
 
@@ -209,6 +225,8 @@ pub struct PlanInput {
     pub sizing: PlanSizing,
     pub min: i32,
     pub max: Option<i32>,
+    /// The shared workers' help (with `--workers`); `None`: the reserve is sized alone.
+    pub shared: Option<SharedHelp>,
 }
 
 /// The reserve and the lines that explain it.
@@ -222,19 +240,32 @@ pub fn plan(input: PlanInput) -> Plan {
     let busy = input.arrival_rate * input.job_seconds;
     let (needed, ceiling) = formula(input.arrival_rate, input.job_seconds, input.headroom);
     let planned_rate = input.arrival_rate * input.headroom;
-    let queueing =
-        wait_within_job_time(input.arrival_rate, input.job_seconds, input.headroom, None)
-            .unwrap_or(i32::MAX);
+    let queueing = wait_within_job_time(
+        input.arrival_rate,
+        input.job_seconds,
+        input.headroom,
+        input.shared,
+    )
+    .unwrap_or(i32::MAX);
+    let served = input.job_seconds + HANDOFF_SECONDS;
     let wait = |reserve: i32| {
-        let wait = predicted_wait_p99(planned_rate, input.job_seconds, reserve);
+        let wait = predicted_wait_p99_helped(planned_rate, served, reserve, input.shared);
         if wait.is_finite() {
             human_seconds(wait)
         } else {
             "without end".to_string()
         }
     };
+    let helped = match input.shared {
+        Some(help) => format!(
+            ", the shared workers of a pool of {} ({} jobs) helping",
+            help.unreserved,
+            human_seconds(help.job_seconds)
+        ),
+        None => String::new(),
+    };
     let mut queueing_line = format!(
-        "queueing      = the fewest reserved whose predicted wait p99 ≤ the job time ({}) at {}/s: {queueing} (waits {})",
+        "queueing      = the fewest reserved whose predicted wait p99 ≤ the job time ({}) at {}/s{helped}: {queueing} (waits {})",
         human_seconds(input.job_seconds),
         trim(planned_rate),
         wait(queueing)
@@ -303,6 +334,7 @@ mod tests {
             sizing: PlanSizing::Formula,
             min: 1,
             max: None,
+            shared: None,
         }
     }
 
@@ -379,5 +411,37 @@ mod tests {
             "{:?}",
             plan.lines
         );
+    }
+
+    /// With the pool's size the plan counts the shared workers' help as the operator does: at
+    /// 30/s × 20 ms beside 200 ms batch jobs, 8 shared workers free up 40 times a second.
+    #[test]
+    fn with_the_pools_size_the_plan_counts_the_shared_workers_help() {
+        let alone = guide(30.0);
+        let help = SharedHelp {
+            job_seconds: 0.2,
+            unreserved: 10,
+            least: 1,
+        };
+        let helped = PlanInput {
+            headroom: 1.0,
+            sizing: PlanSizing::Queueing,
+            shared: Some(help),
+            ..alone
+        };
+        let expected = wait_within_job_time(30.0, 0.020, 1.0, Some(help)).unwrap();
+        let planned = plan(helped);
+        assert_eq!(planned.reserve, expected, "{:?}", planned.lines);
+        assert!(
+            planned.lines[2].contains("the shared workers of a pool of 10 (200 ms jobs) helping"),
+            "{:?}",
+            planned.lines
+        );
+        let alone = plan(PlanInput {
+            headroom: 1.0,
+            sizing: PlanSizing::Queueing,
+            ..alone
+        });
+        assert!(planned.reserve <= alone.reserve, "{planned:?} vs {alone:?}");
     }
 }

@@ -359,3 +359,23 @@ fn suite_seeds_replace_the_sets_own_and_need_the_suite() {
     assert_eq!(parse("--suite").ok(), Some(Vec::new()));
     assert!(parse("--suite-seeds 5").is_err());
 }
+
+#[test]
+fn suite_shapes_choose_from_the_set_and_name_the_flag_when_unknown() {
+    let args = |line: &str| {
+        Flags::try_parse_from(std::iter::once("simulate").chain(line.split_whitespace()))
+            .unwrap()
+            .args
+    };
+    let error = super::command::run(&args("--suite --suite-shapes spikes-20s,nope")).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.starts_with("--suite-shapes: no shape \"nope\""),
+        "{message}"
+    );
+    assert!(message.contains("walk-slow"), "{message}");
+    assert!(
+        Flags::try_parse_from(["simulate", "--suite-shapes", "busy"]).is_err(),
+        "needs --suite"
+    );
+}

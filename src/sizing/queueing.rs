@@ -22,11 +22,22 @@ const MOST_SEARCHED: i32 = 1_000_000;
 /// fixed job time makes the wait's tail decay about twice as fast as the M/M/c one. Infinite
 /// when the reserve cannot keep up.
 pub fn predicted_wait_p99(arrival_rate: f64, job_seconds: f64, reserve: i32) -> f64 {
+    predicted_wait_p99_helped(arrival_rate, job_seconds, reserve, None)
+}
+
+/// [`predicted_wait_p99`] with the shared workers' help, when it is known.
+pub fn predicted_wait_p99_helped(
+    arrival_rate: f64,
+    job_seconds: f64,
+    reserve: i32,
+    help: Option<SharedHelp>,
+) -> f64 {
     let mut blocking = 1.0;
     for k in 1..=reserve.max(0) {
         blocking = erlang_b_step(arrival_rate * job_seconds, k, blocking);
     }
-    wait_p99(arrival_rate, job_seconds, reserve, blocking, 0.0)
+    let free_ups = help.map_or(0.0, |help| help.free_ups(reserve));
+    wait_p99(arrival_rate, job_seconds, reserve, blocking, free_ups)
 }
 
 /// The shared workers a lane can count on while its reserved workers are all busy: each takes

@@ -136,6 +136,14 @@ pub struct SimulateArgs {
         value_name = "SEED,..."
     )]
     pub suite_seeds: Vec<u64>,
+    /// With --suite: run only these of the set's shapes, such as spikes-20s,walk-slow.
+    #[arg(
+        long,
+        requires = "suite",
+        value_delimiter = ',',
+        value_name = "SHAPE,..."
+    )]
+    pub suite_shapes: Vec<String>,
     /// Print the guide's 4 × 2 table, our figures beside the guide's.
     #[arg(long)]
     pub guide_table: bool,

@@ -37,14 +37,33 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         } else {
             suite::Set::suite()
         };
+        let shapes = if args.suite_shapes.is_empty() {
+            set.shapes
+        } else {
+            let mut chosen = Vec::new();
+            for name in &args.suite_shapes {
+                let shape = set.shapes.iter().find(|s| s.name == name.as_str());
+                match shape {
+                    Some(shape) => chosen.push(shape.clone()),
+                    None => {
+                        let known: Vec<&str> = set.shapes.iter().map(|s| s.name).collect();
+                        return Err(SimulateError::flag(
+                            "--suite-shapes",
+                            format!("no shape {name:?}; the set has {}", known.join(", ")),
+                        ));
+                    }
+                }
+            }
+            chosen
+        };
         let set = suite::Set {
+            shapes,
             workers: args.workers,
             seeds: if args.suite_seeds.is_empty() {
                 set.seeds
             } else {
                 args.suite_seeds.clone()
             },
-            ..set
         };
         return Ok(suite::table(
             &set,
