@@ -91,7 +91,9 @@ pub(super) async fn report_decision(
     );
     let new = shown(new);
     let events = futures::future::join_all(events);
-    if !refresh && status::settled(old, &new) {
+    // The recent rate is counted over about one interval (a read of the workers).
+    let recent_window = pool.spec.interval.get().unwrap_or(Duration::from_secs(5));
+    if !refresh && status::settled(old, &new, recent_window) {
         events.await;
         return Ok(None);
     }
@@ -304,7 +306,10 @@ mod tests {
                  jobs-other-reserved is ready (1 of 3), by 2027-01-15T08:02:00Z"
             )
         );
-        assert!(!status::settled(&settled, &waiting), "a change to write");
+        assert!(
+            !status::settled(&settled, &waiting, Duration::from_secs(5)),
+            "a change to write"
+        );
         // A pool with nothing decided yet shows nothing.
         let empty = with_rollout(LanePoolStatus::default(), &running(4, 9), &held, wall);
         assert_eq!(empty, LanePoolStatus::default());

@@ -1,12 +1,14 @@
 //! What the operator writes back on a LanePool: status fields, conditions that keep their
 //! transition time while unchanged, and event notes in the guide's words. Pure.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{LanePool, LanePoolStatus, LaneStatus, POOL_LABEL};
 use crate::duration::{human_seconds, trim};
-use crate::sizing::{Decision, LaneDecision};
+use crate::sizing::{Decision, LaneDecision, NOISE_SIGMAS};
 
 pub const READY: &str = "Ready";
 pub const METRICS_AVAILABLE: &str = "MetricsAvailable";
@@ -182,15 +184,30 @@ fn lane_status(lane: &LaneDecision) -> LaneStatus {
 pub const MEASUREMENT_TOLERANCE: f64 = 0.10;
 
 /// Whether `new` says nothing `old` does not: the same generation, counts, reserves and
-/// conditions, and every measured number within [`MEASUREMENT_TOLERANCE`] of the one shown.
-pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus) -> bool {
-    fn close(a: Option<f64>, b: Option<f64>) -> bool {
+/// conditions, and every measured number within [`MEASUREMENT_TOLERANCE`] of the one shown. A
+/// recent rate, counted over `recent_window`, may also move by its own Poisson noise
+/// ([`NOISE_SIGMAS`] standard deviations, as the sizing allows it): 5/s read over 5 s is 25
+/// arrivals, ±20 % from one read to the next on a steady load.
+pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus, recent_window: Duration) -> bool {
+    fn within(a: Option<f64>, b: Option<f64>, tolerance: impl Fn(f64) -> f64) -> bool {
         match (a, b) {
             (None, None) => true,
-            (Some(a), Some(b)) => (a - b).abs() <= MEASUREMENT_TOLERANCE * a.abs().max(b.abs()),
+            (Some(a), Some(b)) => {
+                let larger = a.abs().max(b.abs());
+                (a - b).abs() <= tolerance(larger) * larger
+            }
             _ => false,
         }
     }
+    let close = |a, b| within(a, b, |_| MEASUREMENT_TOLERANCE);
+    let recent_noise = |rate: f64| {
+        let counted = rate * recent_window.as_secs_f64();
+        if counted > 0.0 {
+            MEASUREMENT_TOLERANCE.max(NOISE_SIGMAS / counted.sqrt())
+        } else {
+            MEASUREMENT_TOLERANCE
+        }
+    };
     let per_second = |text: &Option<String>| -> Option<f64> {
         text.as_deref()
             .map(|t| t.trim_end_matches("/s").parse().unwrap_or(f64::NAN))
@@ -201,9 +218,10 @@ pub fn settled(old: &LanePoolStatus, new: &LanePoolStatus) -> bool {
             && a.recommended_reserve == b.recommended_reserve
             && a.running == b.running
             && close(a.arrival_rate_per_second, b.arrival_rate_per_second)
-            && close(
+            && within(
                 per_second(&a.recent_arrival_rate),
                 per_second(&b.recent_arrival_rate),
+                recent_noise,
             )
             && close(a.job_seconds, b.job_seconds)
             && close(a.busy_workers, b.busy_workers)
@@ -351,6 +369,7 @@ mod tests {
             last_decision: Some("urgent 45/s".into()),
             ..LanePoolStatus::default()
         };
+        let settled = |a: &LanePoolStatus, b: &LanePoolStatus| settled(a, b, FIVE_SECONDS);
         let shown = status(lane(45.0, "44.9/s", 1));
         assert!(
             settled(&shown, &status(lane(47.2, "46.1/s", 1))),
@@ -377,5 +396,37 @@ mod tests {
         let mut respecified = status(lane(45.0, "44.9/s", 1));
         respecified.observed_generation = Some(2);
         assert!(!settled(&shown, &respecified), "a new generation");
+    }
+
+    const FIVE_SECONDS: Duration = Duration::from_secs(5);
+
+    /// A slow lane's recent rate wobbles by more than 10 % from read to read on a steady load:
+    /// within two standard deviations of its count nothing is rewritten, beyond them it is.
+    #[test]
+    fn a_recent_rate_moving_by_its_own_noise_is_settled() {
+        let lane = |recent: &str| LaneStatus {
+            name: "urgent".into(),
+            arrival_rate: Some("5/s".into()),
+            arrival_rate_per_second: Some(5.0),
+            recent_arrival_rate: Some(recent.into()),
+            busy_workers: Some(0.1),
+            reserve: 2,
+            recommended_reserve: 2,
+            ..LaneStatus::default()
+        };
+        let status = |recent: &str| LanePoolStatus {
+            lanes: vec![lane(recent)],
+            last_decision: Some("urgent 5/s".into()),
+            ..LanePoolStatus::default()
+        };
+        // 6.06/s over 5 s is 30 arrivals: σ 18 %, so up to 36 % is noise.
+        assert!(settled(&status("4.05/s"), &status("6.06/s"), FIVE_SECONDS));
+        assert!(!settled(&status("3.5/s"), &status("6.06/s"), FIVE_SECONDS));
+        // Counted over a minute the same move is no longer noise.
+        assert!(!settled(
+            &status("4.05/s"),
+            &status("6.06/s"),
+            Duration::from_secs(60)
+        ));
     }
 }

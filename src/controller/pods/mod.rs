@@ -43,9 +43,10 @@ pub(super) struct PoolPods<'a> {
     deployments: PoolDeployments,
     /// The pool's workers, read from the watch caches once per reconcile, when first needed.
     workers: OnceLock<Vec<Worker>>,
-    /// Each worker's `/metrics` answer in this reconcile (`None`: it gave none), by Pod name:
-    /// the reads, the drains and the ranking ask each worker once between them.
-    texts: Mutex<HashMap<String, Option<String>>>,
+    /// Each worker's `/metrics` answer in this reconcile and when it was given (`None`: it gave
+    /// none), by Pod name: the reads, the drains and the ranking ask each worker once between
+    /// them.
+    texts: Mutex<HashMap<String, Option<Answered>>>,
 }
 
 impl<'a> PoolPods<'a> {
@@ -97,6 +98,15 @@ impl<'a> PoolPods<'a> {
     }
 }
 
+/// A worker's `/metrics` text, and when the worker counted it: on the operator's clock
+/// (`Context::started`), halfway between the request going out and its answer being in. A request
+/// that waited for a slot, or an answer the operator was slow to take in, does not move it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Answered {
+    pub(super) text: String,
+    pub(super) at: Duration,
+}
+
 /// Most Pod patches in flight at once for one Deployment.
 const PATCHES_IN_FLIGHT: usize = 8;
 /// Most requests to one pool's Pods in flight at once (a pool has one reconcile at a time, and
@@ -143,8 +153,8 @@ impl PoolPods<'_> {
 
     /// Each of `workers` that has a metrics port asked for its `/metrics` text (once per
     /// reconcile: a worker asked before answers as it did then), at most [`REQUESTS_IN_FLIGHT`]
-    /// at once: (pod name, text) of those that answered in time.
-    pub(super) async fn metrics_texts(&self, workers: &[&Worker]) -> Vec<(String, String)> {
+    /// at once: (pod name, answer) of those that answered in time.
+    pub(super) async fn metrics_texts(&self, workers: &[&Worker]) -> Vec<(String, Answered)> {
         let (mut known, mut targets) = (Vec::new(), Vec::new());
         {
             let texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
@@ -156,10 +166,19 @@ impl PoolPods<'_> {
                 }
             }
         }
-        let asked: Vec<(String, Option<String>)> = futures::stream::iter(targets)
+        let clock = self.ctx.started;
+        let asked: Vec<(String, Option<Answered>)> = futures::stream::iter(targets)
             .map(|(name, address)| async move {
-                match self.request(|| http::get(&address, "/metrics")).await {
-                    Ok(text) => (name, Some(text)),
+                let answer = self
+                    .request(|| async {
+                        let sent = clock.elapsed();
+                        let text = http::get(&address, "/metrics").await?;
+                        let at = sent + clock.elapsed().saturating_sub(sent) / 2;
+                        Ok(Answered { text, at })
+                    })
+                    .await;
+                match answer {
+                    Ok(answered) => (name, Some(answered)),
                     Err(refused) => {
                         count(self.ctx, &refused);
                         debug!(pod = %name, %address, error = %refused, "worker did not answer");

@@ -34,8 +34,8 @@ pub(in crate::controller) struct LastMeasured<'m> {
 async fn ask_workers(pods: &PoolPods<'_>, workers: &[&Worker]) -> (Vec<Sample>, Vec<Sample>) {
     pods.metrics_texts(workers).await.into_iter().fold(
         Default::default(),
-        |(mut busy, mut started), (name, text)| {
-            let (b, s) = parse_gauges(&text, &name);
+        |(mut busy, mut started), (name, answered)| {
+            let (b, s) = parse_gauges(&answered.text, &name);
             busy.extend(b);
             started.extend(s);
             (busy, started)
