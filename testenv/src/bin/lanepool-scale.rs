@@ -253,22 +253,69 @@ async fn wrong(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> Vec<
         .collect()
 }
 
-/// How long until every reserve lane is right (at most 10 minutes), and what the last ones to
-/// get there showed when three or fewer were left: key, replicas, the right range, and the
-/// pool's last decision.
+/// How many reserve lanes the operator has not yet decided right: the reserve in each pool's
+/// status, which the Deployments follow once the rollout allows (a reserve grows into room the
+/// shared workers leave when they have drained, within `totalWorkers`).
+async fn undecided(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> usize {
+    let Ok(list) = Api::<LanePool>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return expected.len();
+    };
+    let decided: BTreeMap<String, i32> = list
+        .items
+        .iter()
+        .flat_map(|pool| {
+            let prefix = format!(
+                "{}/{}",
+                pool.namespace().unwrap_or_default(),
+                pool.name_any()
+            );
+            let lanes = pool.status.iter().flat_map(|s| s.lanes.iter());
+            lanes
+                .map(|lane| (format!("{prefix}-{}-reserved", lane.name), lane.reserve))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    expected
+        .iter()
+        .filter(|(key, (low, high))| {
+            decided
+                .get(*key)
+                .is_none_or(|reserve| reserve < low || reserve > high)
+        })
+        .count()
+}
+
+/// How long until every reserve lane is right (at most 10 minutes); how many were wrong at each
+/// 5 s mark; and what the last ones to get there showed when 20 or fewer were left: key,
+/// replicas, the right range, and the pool's last decision (three of them).
 async fn until_all_right(
     client: &Client,
     expected: &BTreeMap<String, (i32, i32)>,
-) -> (Duration, Vec<String>) {
+) -> (Duration, Vec<usize>, Vec<String>) {
     let started = Instant::now();
+    let mut curve = Vec::new();
     let mut last = Vec::new();
+    let mut decided = None;
     loop {
         let wrong = wrong(client, expected).await;
-        if wrong.is_empty() || started.elapsed() > Duration::from_secs(600) {
-            return (started.elapsed(), last);
+        if decided.is_none() && undecided(client, expected).await == 0 {
+            decided = Some(started.elapsed());
+            last.push(format!(
+                "every pool decided right after {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
         }
-        if wrong.len() <= 3 && last.is_empty() {
-            for (key, replicas) in wrong {
+        if started.elapsed() >= Duration::from_secs(5 * curve.len() as u64) {
+            curve.push(wrong.len());
+        }
+        if wrong.is_empty() || started.elapsed() > Duration::from_secs(600) {
+            return (started.elapsed(), curve, last);
+        }
+        if wrong.len() <= 20 && last.len() <= usize::from(decided.is_some()) {
+            for (key, replicas) in wrong.into_iter().take(3) {
                 let (namespace, deployment) = key.split_once('/').unwrap_or_default();
                 let pool = deployment.split('-').take(2).collect::<Vec<_>>().join("-");
                 let decision = Api::<LanePool>::namespaced(client.clone(), namespace)
@@ -285,6 +332,77 @@ async fn until_all_right(
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The operator's events published so far, by reason: each event counted once more for every
+/// repeat its series has. kube-controller-manager's own (it is still publishing the Pods'
+/// SuccessfulCreate long after it made them) are not counted.
+async fn events_by_reason(client: &Client) -> BTreeMap<String, i64> {
+    use k8s_openapi::api::events::v1::Event;
+    let mut counts = BTreeMap::new();
+    let Ok(list) = Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return counts;
+    };
+    for event in list.items {
+        if event.reporting_controller.as_deref() != Some("lanepool") {
+            continue;
+        }
+        let repeats = event.series.as_ref().map_or(1, |s| i64::from(s.count));
+        *counts.entry(event.reason.unwrap_or_default()).or_default() += repeats;
+    }
+    counts
+}
+
+/// Every pool's status, by namespace/name, with its resourceVersion.
+async fn statuses(client: &Client) -> BTreeMap<String, (String, serde_json::Value)> {
+    let Ok(list) = Api::<LanePool>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return BTreeMap::new();
+    };
+    list.items
+        .into_iter()
+        .map(|pool| {
+            let key = format!(
+                "{}/{}",
+                pool.namespace().unwrap_or_default(),
+                pool.name_any()
+            );
+            let version = pool.resource_version().unwrap_or_default();
+            let status = serde_json::to_value(&pool.status).unwrap_or_default();
+            (key, (version, status))
+        })
+        .collect()
+}
+
+/// What changed between two statuses of one pool: the paths of the differing leaves.
+fn changed(
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            for key in a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))) {
+                let null = Value::Null;
+                let (x, y) = (a.get(key).unwrap_or(&null), b.get(key).unwrap_or(&null));
+                changed(x, y, &format!("{path}.{key}"), out);
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                changed(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        (a, b) if a != b => out.push(format!("{path}: {a} → {b}")),
+        _ => {}
     }
 }
 
@@ -369,7 +487,7 @@ async fn main() {
     );
     let pid = operator.0.id();
     let started = Instant::now();
-    let (start, _) = until_all_right(&client, &expected).await;
+    let (start, _, _) = until_all_right(&client, &expected).await;
     let pods = args.pools * WORKERS;
     while pod_workers.requests().pods < pods && started.elapsed() < Duration::from_secs(900) {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -382,6 +500,8 @@ async fn main() {
     let before_op = operator_metrics(metrics_port).await;
     let before_gets = pod_workers.gets_by_pod();
     let before_pods = pod_workers.requests();
+    let events_before = events_by_reason(&client).await;
+    let statuses_before = statuses(&client).await;
     let cpu_before = cpu_seconds(pid);
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let after_api = text(&client, "/metrics").await;
@@ -389,6 +509,8 @@ async fn main() {
     let after_gets = pod_workers.gets_by_pod();
     let after_pods = pod_workers.requests();
     let cpu_after = cpu_seconds(pid);
+    let events_after = events_by_reason(&client).await;
+    let statuses_after = statuses(&client).await;
     let intervals = args.steady_seconds as f64 / interval_seconds;
     let per_interval = |before: &str, after: &str, name: &str, filters: &[&str]| {
         (sum_metric(after, name, filters) - sum_metric(before, name, filters)) / intervals
@@ -473,7 +595,7 @@ async fn main() {
 
     // Every rate doubles: how long until every reserve follows.
     set_rates(true, &mut expected);
-    let (change, last_to_change) = until_all_right(&client, &expected).await;
+    let (change, curve, last_to_change) = until_all_right(&client, &expected).await;
 
     println!("pools                                  {}", args.pools);
     println!("reserve lanes                          {}", expected.len());
@@ -491,8 +613,20 @@ async fn main() {
         change.as_secs_f64(),
         change.as_secs_f64() / interval_seconds
     );
+    println!(
+        "  lanes still wrong every 5 s           {}",
+        curve
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     for lane in &last_to_change {
-        println!("  among the last: {lane}");
+        if lane.starts_with("every pool") {
+            println!("  {lane} (its status; the Deployments follow as the rollout allows)");
+        } else {
+            println!("  among the last: {lane}");
+        }
     }
     println!(
         "operator RSS                           {rss:.0} MiB, peak {peak:.0} MiB ({anon:.0} MiB heap and stacks, {file:.0} MiB the binary's pages)"
@@ -523,6 +657,62 @@ async fn main() {
         "  of which                              {}",
         writes.join(", ")
     );
+    let events: Vec<String> = events_after
+        .iter()
+        .map(|(reason, after)| {
+            let new = after - events_before.get(reason).copied().unwrap_or(0);
+            (reason, new)
+        })
+        .filter(|(_, new)| *new > 0)
+        .map(|(reason, new)| format!("{reason} {:.1}", new as f64 / intervals))
+        .collect();
+    println!(
+        "events per interval, by reason         {}",
+        if events.is_empty() {
+            "none".to_string()
+        } else {
+            events.join(", ")
+        }
+    );
+    // The statuses written in the window, and what changed in a few of them.
+    let mut rewritten = 0;
+    let mut fields: BTreeMap<String, usize> = BTreeMap::new();
+    let mut samples = Vec::new();
+    for (key, (version, after)) in &statuses_after {
+        let Some((old_version, before)) = statuses_before.get(key) else {
+            continue;
+        };
+        if old_version == version {
+            continue;
+        }
+        rewritten += 1;
+        let mut diff = Vec::new();
+        changed(before, after, "status", &mut diff);
+        for line in &diff {
+            let field = line.split(':').next().unwrap_or_default();
+            let field: String = field
+                .split('.')
+                .map(|part| part.split('[').next().unwrap_or(part))
+                .collect::<Vec<_>>()
+                .join(".");
+            *fields.entry(field).or_default() += 1;
+        }
+        if samples.len() < 3 {
+            samples.push(format!("{key}: {}", diff.join("; ")));
+        }
+    }
+    println!(
+        "statuses written in the window         {rewritten} of {} pools; fields changed: {}",
+        statuses_after.len(),
+        fields
+            .iter()
+            .map(|(field, n)| format!("{field} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for sample in samples {
+        println!("  for example {sample}");
+    }
     println!(
         "GETs at each Pod per interval          {mean_gets:.2} mean, {most_gets:.2} most ({} Pods through the window)",
         gets.len()
