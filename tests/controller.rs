@@ -1843,6 +1843,17 @@ async fn kubectl_scale_sizes_the_whole_pool_and_lanepool_splits_it() {
                 && world.replicas("jobs-shared").await == Some(2)
         })
         .await;
+    // The status is written after the Deployments: wait for it rather than race it.
+    world
+        .until(10, "ScalingLimited=True, TotalBelowReserves", || async {
+            world
+                .condition("ScalingLimited")
+                .await
+                .is_some_and(|(status, reason, _)| {
+                    status == "True" && reason == "TotalBelowReserves"
+                })
+        })
+        .await;
     let (status, reason, message) = world.condition("ScalingLimited").await.unwrap();
     assert_eq!(
         (status.as_str(), reason.as_str()),

@@ -318,12 +318,17 @@ async fn until_all_right(
             for (key, replicas) in wrong.into_iter().take(3) {
                 let (namespace, deployment) = key.split_once('/').unwrap_or_default();
                 let pool = deployment.split('-').take(2).collect::<Vec<_>>().join("-");
-                let decision = Api::<LanePool>::namespaced(client.clone(), namespace)
+                let status = Api::<LanePool>::namespaced(client.clone(), namespace)
                     .get(&pool)
                     .await
                     .ok()
-                    .and_then(|p| p.status?.last_decision)
+                    .and_then(|p| p.status)
                     .unwrap_or_default();
+                let decision = format!(
+                    "{}; rollout: {}",
+                    status.last_decision.unwrap_or_default(),
+                    status.rollout.as_deref().unwrap_or("none")
+                );
                 let (low, high) = expected[&key];
                 last.push(format!(
                     "{key} at {replicas} (right: {low}–{high}) after {:.1} s: {decision}",
