@@ -288,13 +288,19 @@ async fn undecided(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> 
         .count()
 }
 
+/// How a change reached the pools (see [`until_all_right`]).
+struct Followed {
+    took: Duration,
+    /// When every pool's status had decided right, if that came within the wait.
+    decided: Option<Duration>,
+    curve: Vec<usize>,
+    last: Vec<String>,
+}
+
 /// How long until every reserve lane is right (at most 10 minutes); how many were wrong at each
 /// 5 s mark; and what the last ones to get there showed when 20 or fewer were left: key,
 /// replicas, the right range, and the pool's last decision (three of them).
-async fn until_all_right(
-    client: &Client,
-    expected: &BTreeMap<String, (i32, i32)>,
-) -> (Duration, Vec<usize>, Vec<String>) {
+async fn until_all_right(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> Followed {
     let started = Instant::now();
     let mut curve = Vec::new();
     let mut last = Vec::new();
@@ -303,18 +309,19 @@ async fn until_all_right(
         let wrong = wrong(client, expected).await;
         if decided.is_none() && undecided(client, expected).await == 0 {
             decided = Some(started.elapsed());
-            last.push(format!(
-                "every pool decided right after {:.1} s",
-                started.elapsed().as_secs_f64()
-            ));
         }
         if started.elapsed() >= Duration::from_secs(5 * curve.len() as u64) {
             curve.push(wrong.len());
         }
         if wrong.is_empty() || started.elapsed() > Duration::from_secs(600) {
-            return (started.elapsed(), curve, last);
+            return Followed {
+                took: started.elapsed(),
+                decided,
+                curve,
+                last,
+            };
         }
-        if wrong.len() <= 20 && last.len() <= usize::from(decided.is_some()) {
+        if wrong.len() <= 20 && last.is_empty() {
             for (key, replicas) in wrong.into_iter().take(3) {
                 let (namespace, deployment) = key.split_once('/').unwrap_or_default();
                 let pool = deployment.split('-').take(2).collect::<Vec<_>>().join("-");
@@ -492,7 +499,7 @@ async fn main() {
     );
     let pid = operator.0.id();
     let started = Instant::now();
-    let (start, _, _) = until_all_right(&client, &expected).await;
+    let start = until_all_right(&client, &expected).await.took;
     let pods = args.pools * WORKERS;
     while pod_workers.requests().pods < pods && started.elapsed() < Duration::from_secs(900) {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -600,7 +607,12 @@ async fn main() {
 
     // Every rate doubles: how long until every reserve follows.
     set_rates(true, &mut expected);
-    let (change, curve, last_to_change) = until_all_right(&client, &expected).await;
+    let Followed {
+        took: change,
+        decided,
+        curve,
+        last: last_to_change,
+    } = until_all_right(&client, &expected).await;
 
     println!("pools                                  {}", args.pools);
     println!("reserve lanes                          {}", expected.len());
@@ -627,11 +639,13 @@ async fn main() {
             .join(" ")
     );
     for lane in &last_to_change {
-        if lane.starts_with("every pool") {
-            println!("  {lane} (its status; the Deployments follow as the rollout allows)");
-        } else {
-            println!("  among the last: {lane}");
-        }
+        println!("  among the last: {lane}");
+    }
+    if let Some(decided) = decided {
+        println!(
+            "  every pool decided right after {:.1} s (its status; the Deployments follow as the rollout allows)",
+            decided.as_secs_f64()
+        );
     }
     println!(
         "operator RSS                           {rss:.0} MiB, peak {peak:.0} MiB ({anon:.0} MiB heap and stacks, {file:.0} MiB the binary's pages)"
