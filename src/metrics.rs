@@ -22,6 +22,7 @@ pub struct Metrics {
     reconciles: Family<Labels, Counter>,
     reconcile_errors: Family<Labels, Counter>,
     reconcile_duration: Histogram,
+    measurement_lateness: Histogram,
     reserved: Family<Labels, Gauge>,
     shared: Family<Labels, Gauge>,
     arrival_rate: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -41,6 +42,10 @@ impl Default for Metrics {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            // 0 (on time) up to about 7 minutes.
+            measurement_lateness: Histogram::new(
+                std::iter::once(0.0).chain(exponential_buckets(0.05, 2.0, 14)),
+            ),
             reserved: Family::default(),
             shared: Family::default(),
             arrival_rate: Family::default(),
@@ -67,6 +72,11 @@ impl Default for Metrics {
             "reconcile_duration_seconds",
             "Time a reconcile took",
             metrics.reconcile_duration.clone(),
+        );
+        registry.register(
+            "measurement_lateness_seconds",
+            "How long past its interval a pool was measured: 0 on time, more when reconciles queue",
+            metrics.measurement_lateness.clone(),
         );
         registry.register(
             "reserved_workers",
@@ -136,6 +146,11 @@ impl Metrics {
             ])
             .inc();
         self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    /// A pool measured `late` past its interval.
+    pub fn measured_late(&self, late: Duration) {
+        self.measurement_lateness.observe(late.as_secs_f64());
     }
 
     pub fn reconcile_failed(&self, error: &'static str) {

@@ -123,6 +123,9 @@ impl Walk<'_> {
         let start = memory.start(generation, self.interval, now, || {
             memory::recorded_replicas(pool, &self.old_status, &live)
         });
+        if let Some(late) = start.late {
+            ctx.metrics.measured_late(late);
+        }
         // The pool's own workers: only Pods its Deployments' ReplicaSets control are asked
         // anything. All Pod I/O of this reconcile (reads, drains, ranking) ends within one budget.
         let pods = PoolPods::new(ctx, pool, live.values(), pods::budget(self.interval));

@@ -84,6 +84,9 @@ pub(super) struct Start {
     /// The replica counts the decision starts from: this process's last decision, or after a
     /// restart what the status or the Deployments say; `None` for a new pool.
     pub(super) current: Option<Replicas>,
+    /// How long past its interval the pool is measured, when it is due by time alone (not new,
+    /// not its spec changed): zero when on time, more when reconciles queue behind others.
+    pub(super) late: Option<Duration>,
 }
 
 impl PoolMemory {
@@ -97,14 +100,15 @@ impl PoolMemory {
         now: Duration,
         recorded: impl FnOnce() -> Option<Replicas>,
     ) -> Start {
-        let due = self.replicas.is_none()
-            || self.generation != generation
-            || self
-                .measured_at
-                .is_none_or(|at| now.saturating_sub(at) + interval / 10 >= interval);
+        let since = self.measured_at.map(|at| now.saturating_sub(at));
+        let by_time = since.is_none_or(|since| since + interval / 10 >= interval);
+        let fresh = self.replicas.is_none() || self.generation != generation;
         Start {
-            due,
+            due: fresh || by_time,
             current: self.replicas.clone().or_else(recorded),
+            late: since
+                .filter(|_| !fresh && by_time)
+                .map(|since| since.saturating_sub(interval)),
         }
     }
 
@@ -384,7 +388,8 @@ mod tests {
             start,
             Start {
                 due: true,
-                current: Some(replicas(3, 7))
+                current: Some(replicas(3, 7)),
+                late: None,
             }
         );
     }
@@ -412,6 +417,22 @@ mod tests {
             "a new generation is measured at once"
         );
         assert!(due_at(secs(200), Some(1)));
+    }
+
+    #[test]
+    fn a_measurement_due_by_time_says_how_late_it_is() {
+        let memory = after_decision(secs(100));
+        let late_at =
+            |now: Duration, generation| memory.start(generation, INTERVAL, now, || None).late;
+        assert_eq!(late_at(secs(105), Some(1)), None, "not due");
+        assert_eq!(
+            late_at(secs(109), Some(1)),
+            Some(Duration::ZERO),
+            "early by less than a tenth"
+        );
+        assert_eq!(late_at(secs(110), Some(1)), Some(Duration::ZERO));
+        assert_eq!(late_at(secs(137), Some(1)), Some(secs(27)));
+        assert_eq!(late_at(secs(137), Some(2)), None, "a new spec is not late");
     }
 
     #[test]

@@ -180,6 +180,9 @@ fn quantile(before: &str, after: &str, name: &str, p: f64) -> Option<f64> {
         })
         .collect();
     let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
     buckets
         .iter()
         .find(|(_, count)| *count >= p * total)
@@ -604,6 +607,13 @@ async fn main() {
     let histogram = "lanepool_operator_reconcile_duration_seconds";
     let p50 = quantile(&before_op, &after_op, histogram, 0.5);
     let p99 = quantile(&before_op, &after_op, histogram, 0.99);
+    let lateness = "lanepool_operator_measurement_lateness_seconds";
+    let late = |before: &str, after: &str| {
+        [0.5, 0.99, 1.0]
+            .map(|p| quantile(before, after, lateness, p).map_or("-".into(), |v| format!("{v}")))
+            .join(" / ")
+    };
+    let steady_late = late(&before_op, &after_op);
 
     // Every rate doubles: how long until every reserve follows.
     set_rates(true, &mut expected);
@@ -613,6 +623,7 @@ async fn main() {
         curve,
         last: last_to_change,
     } = until_all_right(&client, &expected).await;
+    let change_late = late(&after_op, &operator_metrics(metrics_port).await);
 
     println!("pools                                  {}", args.pools);
     println!("reserve lanes                          {}", expected.len());
@@ -660,6 +671,9 @@ async fn main() {
         "steady reconcile p50 / p99 (≤ bucket)  {} / {} ms",
         p50.map_or("-".into(), |v| format!("{:.0}", v * 1e3)),
         p99.map_or("-".into(), |v| format!("{:.0}", v * 1e3))
+    );
+    println!(
+        "measured late p50 / p99 / most (≤ bucket) {steady_late} s steady, {change_late} s after the change"
     );
     println!("Prometheus queries per interval        {queries:.1}");
     println!("API server Pod LISTs per interval      {pod_lists:.1}");
