@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::pods::CachedPod;
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -81,8 +81,8 @@ impl PoolKey {
 pub(super) struct Caches {
     pub(super) deployments: Store<CachedDeployment>,
     pub(super) autoscalers: Store<HorizontalPodAutoscaler>,
-    /// Pods labelled with a pool, kept as `pods::keep_what_is_read` leaves them.
-    pub(super) pods: Arc<PoolIndex<Pod>>,
+    /// Pods labelled with a pool, as much of each as a reconcile reads.
+    pub(super) pods: Arc<PoolIndex<CachedPod>>,
     /// The metadata of ReplicaSets labelled with a pool.
     pub(super) replicasets: Arc<PoolIndex<PartialObjectMeta<ReplicaSet>>>,
 }
@@ -179,6 +179,27 @@ impl Context {
         pools.insert(key.clone(), memory.clone());
     }
 
+    /// Whether the LanePool controlling `deployment` has a shrink waiting for its growing
+    /// Deployments to be ready.
+    pub(super) fn shrink_waits(&self, deployment: &CachedDeployment) -> bool {
+        let Some(owner) = deployment
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true) && o.kind == "LanePool")
+        else {
+            return false;
+        };
+        let key = PoolKey {
+            namespace: deployment.metadata.namespace.clone().unwrap_or_default(),
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        };
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.get(&key).is_some_and(|m| m.surge_since.is_some())
+    }
+
     pub(super) fn remember(&self, key: PoolKey, update: impl FnOnce(&mut PoolMemory)) {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         update(pools.entry(key).or_default());
@@ -238,7 +259,7 @@ impl Context {
     }
 
     /// The Pods labelled as `pool`'s in `namespace`, from the watch cache.
-    pub(super) fn pool_pods(&self, namespace: &str, pool: &str) -> Vec<Arc<Pod>> {
+    pub(super) fn pool_pods(&self, namespace: &str, pool: &str) -> Vec<Arc<CachedPod>> {
         let caches = self.caches();
         caches
             .iter()

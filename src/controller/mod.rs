@@ -1,6 +1,6 @@
 //! The LanePool controller: the watches and the queue (here), and one reconcile per pool as one
 //! forward walk through its stages (`reconcile.rs`). The modules go one way: the pure ones at the
-//! bottom (`protocol`, `workers`, `status`, `plan/`, `memory/`), [`Context`] above them
+//! bottom (`protocol`, `workers`, `status`, `triggers`, `plan/`, `memory/`), [`Context`] above them
 //! (`context`, `events`), the stages that do I/O above that (`measure`, `pods/`, `apply`,
 //! `report`), and the walk on top.
 
@@ -16,6 +16,7 @@ mod protocol;
 mod reconcile;
 mod report;
 mod status;
+mod triggers;
 mod workers;
 
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use pool_index::PoolIndex;
 use tracing::warn;
+use triggers::Triggers;
 
 use context::{Caches, PoolKey};
 pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
@@ -76,14 +78,22 @@ pub async fn run(
             let replicasets: Api<PartialObjectMeta<ReplicaSet>> =
                 scoped(&client, namespace.as_deref());
             // The pools' Deployments and the namespace's autoscalers are read from watch caches,
-            // never listed per reconcile; the Deployment watch also triggers the reconciles.
+            // never listed per reconcile; some Deployment events also trigger a reconcile.
             let (deployment_cache, deployment_writer) = reflector::store();
+            // Only what `triggers.rs` lets through reconciles a pool before its interval.
+            let mut triggers = Triggers::default();
+            let waits = ctx.clone();
             let deployment_events =
                 watcher(deployments, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
                     .modify(workers::CachedDeployment::keep_what_is_read)
                     .reflect(deployment_writer)
-                    .touched_objects();
+                    .filter_map(move |event| {
+                        let woken = event
+                            .map(|e| triggers.wakes(e, |d| waits.shrink_waits(d)))
+                            .transpose();
+                        futures::future::ready(woken)
+                    });
             let (autoscaler_cache, autoscaler_writer) = reflector::store();
             cache_watches.push(
                 watcher(autoscalers, watcher::Config::default())
@@ -99,8 +109,7 @@ pub async fn run(
             cache_watches.push(
                 watcher(pods, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
-                    .modify(pods::keep_what_is_read)
-                    .for_each(fill(pod_cache.clone()))
+                    .for_each(fill(pod_cache.clone(), pods::CachedPod::of))
                     .boxed(),
             );
             let replicaset_cache = Arc::new(PoolIndex::default());
@@ -108,7 +117,7 @@ pub async fn run(
                 watcher(replicasets, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
                     .modify(|r: &mut PartialObjectMeta<ReplicaSet>| r.managed_fields_mut().clear())
-                    .for_each(fill(replicaset_cache.clone()))
+                    .for_each(fill(replicaset_cache.clone(), |r| r))
                     .boxed(),
             );
             caches.push(Caches {
@@ -118,7 +127,7 @@ pub async fn run(
                 replicasets: replicaset_cache,
             });
             // A pool is reconciled when its spec changes (its generation), not when its own
-            // status is written: the interval and the Deployment events do the rest.
+            // status is written: the interval and some Deployment events do the rest.
             let (pool_cache, pool_writer) = reflector::store();
             let pool_events = watcher(pools, watcher::Config::default())
                 .default_backoff()
@@ -153,13 +162,15 @@ pub async fn run(
     }
 }
 
-/// Feeds a watch's events into `index`; a failed watch call is retried by its backoff.
-fn fill<K: kube::Resource>(
-    index: Arc<PoolIndex<K>>,
+/// Feeds a watch's events into `index`, each object kept as what `keep` makes of it; a failed
+/// watch call is retried by its backoff.
+fn fill<K: kube::Resource, T>(
+    index: Arc<PoolIndex<T>>,
+    keep: impl Fn(K) -> T + Copy,
 ) -> impl FnMut(watcher::Result<watcher::Event<K>>) -> futures::future::Ready<()> {
     move |event| {
         if let Ok(event) = event {
-            index.apply(event);
+            index.apply(event, keep);
         }
         futures::future::ready(())
     }

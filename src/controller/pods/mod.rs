@@ -31,7 +31,7 @@ use super::protocol::DELETION_COST;
 use crate::api::LanePool;
 pub(crate) use http::Refused;
 use owners::{Owners, PoolDeployments, pool_deployments};
-pub(super) use worker::{Worker, keep_what_is_read};
+pub(super) use worker::{CachedPod, Worker};
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
 /// read, asked to drain or annotated, and all of it within one deadline.
@@ -83,7 +83,7 @@ impl<'a> PoolPods<'a> {
             self.ctx
                 .pool_pods(&self.namespace, &self.pool)
                 .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| !p.terminating)
                 .filter_map(|p| Some(Worker::new(p, owners.deployment_of(p)?.to_string())))
                 .collect()
         })

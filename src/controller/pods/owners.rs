@@ -6,11 +6,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::worker::CachedPod;
+
 /// The uid of the object's controller, when it is of `kind` in `apps/v1`.
-fn controller_uid<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a str> {
+pub(super) fn controller_uid<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a str> {
     meta.owner_references
         .iter()
         .flatten()
@@ -67,8 +68,8 @@ impl Owners {
 
     /// The name of the pool's Deployment whose worker `pod` is; `None`: not a worker of the
     /// pool, whatever its labels say.
-    pub(in crate::controller) fn deployment_of(&self, pod: &Pod) -> Option<&str> {
-        let replicaset = controller_uid(&pod.metadata, "ReplicaSet")?;
+    pub(in crate::controller) fn deployment_of(&self, pod: &CachedPod) -> Option<&str> {
+        let replicaset = pod.replicaset.as_deref()?;
         self.replicasets.get(replicaset).map(String::as_str)
     }
 }
@@ -96,11 +97,12 @@ mod tests {
         }
     }
 
-    fn pod(meta: ObjectMeta) -> Pod {
-        Pod {
+    /// The Pod with `meta`, as the watch cache keeps it.
+    fn pod(meta: ObjectMeta) -> CachedPod {
+        CachedPod::of(k8s_openapi::api::core::v1::Pod {
             metadata: meta,
-            ..Pod::default()
-        }
+            ..Default::default()
+        })
     }
 
     #[test]

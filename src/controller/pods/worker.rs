@@ -1,17 +1,52 @@
-//! What a reconcile keeps of one worker Pod: its name, the Deployment it is a worker of, whether
-//! the ReplicaSet controller counts it as ready, where it serves its metrics, when its newest
-//! container started and its deletion cost. Read from the reconcile's one Pod LIST; the Pod
+//! What the operator keeps of one worker Pod: its name, the ReplicaSet that controls it, whether
+//! it is going, whether the ReplicaSet controller counts it as ready, where it serves its metrics,
+//! when its newest container started and its deletion cost ([`CachedPod`], what the Pod watch
+//! cache holds), and for a reconcile the Deployment it is a worker of ([`Worker`]). The Pod
 //! object itself is not kept.
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition, PodSpec,
-    PodStatus,
-};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 
-use crate::api::POOL_LABEL;
+use super::owners::controller_uid;
 use crate::controller::protocol::{DELETION_COST, METRICS_PORT};
+
+/// What the Pod watch cache keeps of a Pod labelled with a pool: what [`Worker`] and the
+/// ownership check read, and nothing else (no labels, managed fields, environment, volumes or
+/// images), so 10,000 cached Pods take a few MB.
+#[derive(Clone, Debug, PartialEq)]
+pub(in crate::controller) struct CachedPod {
+    pub(in crate::controller) name: String,
+    /// The uid of its controller, when that is a ReplicaSet.
+    pub(in crate::controller) replicaset: Option<String>,
+    /// Its deletion has begun.
+    pub(in crate::controller) terminating: bool,
+    /// Bound, Running and Ready.
+    pub(in crate::controller) ready: bool,
+    /// `ip:port` of its container port named [`METRICS_PORT`].
+    pub(in crate::controller) address: Option<String>,
+    /// When its newest container started: its counters count from then.
+    pub(in crate::controller) started: Option<Timestamp>,
+    /// Its deletion-cost annotation as it is.
+    pub(in crate::controller) deletion_cost: Option<String>,
+}
+
+impl CachedPod {
+    pub(in crate::controller) fn of(mut pod: Pod) -> Self {
+        Self {
+            replicaset: controller_uid(&pod.metadata, "ReplicaSet").map(str::to_owned),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            ready: ready(&pod),
+            address: metrics_address(&pod),
+            started: started(&pod),
+            deletion_cost: pod
+                .metadata
+                .annotations
+                .as_mut()
+                .and_then(|a| a.remove(DELETION_COST)),
+            name: pod.metadata.name.unwrap_or_default(),
+        }
+    }
+}
 
 /// One of the pool's workers.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,90 +65,15 @@ pub(in crate::controller) struct Worker {
 }
 
 impl Worker {
-    pub(in crate::controller) fn new(pod: &Pod, deployment: String) -> Self {
+    pub(in crate::controller) fn new(pod: &CachedPod, deployment: String) -> Self {
         Self {
-            name: pod.name_any(),
+            name: pod.name.clone(),
             deployment,
-            ready: ready(pod),
-            address: metrics_address(pod),
-            started: started(pod),
-            deletion_cost: pod.annotations().get(DELETION_COST).cloned(),
+            ready: pod.ready,
+            address: pod.address.clone(),
+            started: pod.started,
+            deletion_cost: pod.deletion_cost.clone(),
         }
-    }
-}
-
-/// What the Pod watch cache keeps of a Pod: what [`Worker::new`] and the ownership check read
-/// (name, namespace, the pool label, the deletion cost, owners, deletion time; the node, the
-/// metrics port; phase, Ready, IP, running containers' start times), and nothing else: no
-/// managed fields, environment, volumes or images, so a cache of many Pods stays small.
-pub(in crate::controller) fn keep_what_is_read(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.generate_name = None;
-    if let Some(labels) = &mut meta.labels {
-        labels.retain(|key, _| key == POOL_LABEL);
-    }
-    if let Some(annotations) = &mut meta.annotations {
-        annotations.retain(|key, _| key == DELETION_COST);
-    }
-    if let Some(spec) = pod.spec.take() {
-        let containers = spec
-            .containers
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
-                ports: c.ports.map(|ports| {
-                    ports
-                        .into_iter()
-                        .filter(|p| p.name.as_deref() == Some(METRICS_PORT))
-                        .collect()
-                }),
-                ..Default::default()
-            })
-            .collect();
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            containers,
-            ..Default::default()
-        });
-    }
-    if let Some(status) = pod.status.take() {
-        let conditions = status.conditions.map(|conditions| {
-            conditions
-                .into_iter()
-                .filter(|c| c.type_ == "Ready")
-                .map(|c| PodCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..Default::default()
-                })
-                .collect()
-        });
-        let container_statuses = status.container_statuses.map(|statuses| {
-            statuses
-                .into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    state: c
-                        .state
-                        .and_then(|s| s.running)
-                        .map(|running| ContainerState {
-                            running: Some(ContainerStateRunning {
-                                started_at: running.started_at,
-                            }),
-                            ..Default::default()
-                        }),
-                    ..Default::default()
-                })
-                .collect()
-        });
-        pod.status = Some(PodStatus {
-            phase: status.phase,
-            pod_ip: status.pod_ip,
-            conditions,
-            container_statuses,
-            ..Default::default()
-        });
     }
 }
 
@@ -195,52 +155,63 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_what_a_worker_is_read_by_and_nothing_else() {
-        let mut pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "jobs-shared-abc", "namespace": "team",
-                "labels": {"lanepool.dev/pool": "jobs", "lanepool.dev/role": "shared", "app": "x"},
-                "annotations": {DELETION_COST: "1000", "big": "x".repeat(10_000)},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
-                    "uid": "rs-uid", "controller": true}],
-                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
-            },
-            "spec": {
-                "nodeName": "node-1",
-                "containers": [
-                    {"name": "worker", "image": "worker:1",
-                     "env": [{"name": "SECRET_LOOKING", "value": "y".repeat(10_000)}],
-                     "ports": [{"name": "metrics", "containerPort": 9100},
-                               {"name": "http", "containerPort": 8080}]},
-                ],
-                "volumes": [{"name": "v", "emptyDir": {}}],
-            },
-            "status": {
-                "phase": "Running", "podIP": "10.0.0.7",
-                "conditions": [{"type": "Ready", "status": "True", "message": "z".repeat(1000)},
-                               {"type": "PodScheduled", "status": "True"}],
-                "containerStatuses": [{"name": "worker", "image": "worker:1", "imageID": "sha",
-                    "ready": true, "restartCount": 0,
-                    "state": {"running": {"startedAt": "2026-12-02T03:00:00Z"}}}],
-            },
-        }))
-        .unwrap();
-        let before = Worker::new(&pod, "jobs-shared".into());
-        keep_what_is_read(&mut pod);
-        assert_eq!(Worker::new(&pod, "jobs-shared".into()), before);
-        assert_eq!(before.address.as_deref(), Some("10.0.0.7:9100"));
-        assert!(before.ready && before.started.is_some());
-        assert_eq!(before.deletion_cost.as_deref(), Some("1000"));
-        let kept = serde_json::to_string(&pod).unwrap();
-        assert!(kept.len() < 1000, "{} bytes kept: {kept}", kept.len());
+    fn the_cache_keeps_what_a_worker_is_read_by_and_whose_it_is() {
+        let pod = |deleting: bool| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": "jobs-shared-abc", "namespace": "team",
+                    "labels": {"lanepool.dev/pool": "jobs", "app": "x"},
+                    "annotations": {DELETION_COST: "1000", "big": "x".repeat(10_000)},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                        "uid": "rs-uid", "controller": true}],
+                    "deletionTimestamp": deleting.then_some("2026-12-02T03:05:00Z"),
+                },
+                "spec": {
+                    "nodeName": "node-1",
+                    "containers": [{"name": "worker", "image": "worker:1",
+                        "ports": [{"name": "metrics", "containerPort": 9100}]}],
+                },
+                "status": {
+                    "phase": "Running", "podIP": "10.0.0.7",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "containerStatuses": [{"name": "worker", "image": "worker:1", "imageID": "sha",
+                        "ready": true, "restartCount": 0,
+                        "state": {"running": {"startedAt": "2026-12-02T03:00:00Z"}}}],
+                },
+            }))
+            .unwrap()
+        };
+        let cached = CachedPod::of(pod(false));
         assert_eq!(
-            pod.owner_references().len(),
-            1,
-            "ownership is still checked"
+            cached,
+            CachedPod {
+                name: "jobs-shared-abc".into(),
+                replicaset: Some("rs-uid".into()),
+                terminating: false,
+                ready: true,
+                address: Some("10.0.0.7:9100".into()),
+                started: Some("2026-12-02T03:00:00Z".parse().unwrap()),
+                deletion_cost: Some("1000".into()),
+            }
         );
+        assert!(CachedPod::of(pod(true)).terminating);
+        let worker = Worker::new(&cached, "jobs-shared".into());
+        assert_eq!(worker.deployment, "jobs-shared");
         assert_eq!(
-            pod.labels().get(POOL_LABEL).map(String::as_str),
-            Some("jobs")
+            (
+                worker.name,
+                worker.ready,
+                worker.address,
+                worker.started,
+                worker.deletion_cost
+            ),
+            (
+                cached.name,
+                cached.ready,
+                cached.address,
+                cached.started,
+                cached.deletion_cost
+            )
         );
     }
 
