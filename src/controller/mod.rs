@@ -117,7 +117,7 @@ pub async fn run(
                 watcher(replicasets, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
                     .modify(|r: &mut PartialObjectMeta<ReplicaSet>| r.managed_fields_mut().clear())
-                    .for_each(fill(replicaset_cache.clone(), |r| r))
+                    .for_each(fill(replicaset_cache.clone(), std::convert::identity))
                     .boxed(),
             );
             caches.push(Caches {

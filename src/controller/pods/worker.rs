@@ -4,6 +4,8 @@
 //! cache holds), and for a reconcile the Deployment it is a worker of ([`Worker`]). The Pod
 //! object itself is not kept.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
@@ -48,32 +50,29 @@ impl CachedPod {
     }
 }
 
-/// One of the pool's workers.
+/// One of the pool's workers: its cached Pod (shared with the cache, not copied) and the
+/// Deployment it is a worker of; it reads as its [`CachedPod`].
 #[derive(Clone, Debug, PartialEq)]
 pub(in crate::controller) struct Worker {
-    pub(in crate::controller) name: String,
+    pod: Arc<CachedPod>,
     /// The pool's Deployment whose ReplicaSet controls it.
     pub(in crate::controller) deployment: String,
-    /// Bound, Running and Ready.
-    pub(in crate::controller) ready: bool,
-    /// `ip:port` of its container port named [`METRICS_PORT`].
-    pub(in crate::controller) address: Option<String>,
-    /// When its newest container started: its counters count from then.
-    pub(in crate::controller) started: Option<Timestamp>,
-    /// Its deletion-cost annotation as it is.
-    pub(in crate::controller) deletion_cost: Option<String>,
 }
 
 impl Worker {
-    pub(in crate::controller) fn new(pod: &CachedPod, deployment: String) -> Self {
+    pub(in crate::controller) fn new(pod: &Arc<CachedPod>, deployment: String) -> Self {
         Self {
-            name: pod.name.clone(),
+            pod: pod.clone(),
             deployment,
-            ready: pod.ready,
-            address: pod.address.clone(),
-            started: pod.started,
-            deletion_cost: pod.deletion_cost.clone(),
         }
+    }
+}
+
+impl std::ops::Deref for Worker {
+    type Target = CachedPod;
+
+    fn deref(&self) -> &CachedPod {
+        &self.pod
     }
 }
 
@@ -195,22 +194,22 @@ mod tests {
             }
         );
         assert!(CachedPod::of(pod(true)).terminating);
-        let worker = Worker::new(&cached, "jobs-shared".into());
+        let worker = Worker::new(&Arc::new(cached.clone()), "jobs-shared".into());
         assert_eq!(worker.deployment, "jobs-shared");
         assert_eq!(
             (
-                worker.name,
+                &worker.name,
                 worker.ready,
-                worker.address,
+                &worker.address,
                 worker.started,
-                worker.deletion_cost
+                &worker.deletion_cost
             ),
             (
-                cached.name,
+                &cached.name,
                 cached.ready,
-                cached.address,
+                &cached.address,
                 cached.started,
-                cached.deletion_cost
+                &cached.deletion_cost
             )
         );
     }
