@@ -20,7 +20,7 @@ use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::context::{self, Context, PoolKey};
-use super::memory::{self, PoolMemory, STATUS_REFRESH, Start, jitter};
+use super::memory::{self, PoolMemory, STATUS_REFRESH, Start};
 use super::plan::{self, Rules, grace};
 use super::pods::rank::LastMeasured;
 use super::pods::{self, PoolPods};
@@ -120,7 +120,8 @@ impl Walk<'_> {
         let generation = pool.metadata.generation;
         // Read and step.
         let live = self.read_deployments(memory);
-        let start = memory.start(generation, self.interval, now, || {
+        let period = memory::period(self.interval, &pool.uid().unwrap_or_default());
+        let start = memory.start(generation, period, now, || {
             memory::recorded_replicas(pool, &self.old_status, &live)
         });
         if let Some(late) = start.late {
@@ -177,8 +178,7 @@ impl Walk<'_> {
             None => self.report_rollout(memory, shown).await?,
         }
         // Requeue.
-        let jitter = jitter(&pool.uid().unwrap_or_default());
-        Ok(memory.requeue_after(self.interval, ctx.settings.surge_timeout, now, jitter))
+        Ok(memory.requeue_after(period, ctx.settings.surge_timeout, now))
     }
 
     /// The pool's Deployments, from the watch cache: its own by name (those of removed lanes

@@ -64,8 +64,7 @@ pub(super) struct PoolMemory {
 /// How old the measurements in a status may get while they stay within their tolerance.
 pub(super) const STATUS_REFRESH: Duration = Duration::from_secs(300);
 
-/// The largest share of the interval a requeue comes early by: below the tenth that
-/// [`PoolMemory::start`] forgives, so an early requeue still measures.
+/// The largest share of the interval a pool's period is longer by.
 pub(super) const MOST_JITTER: f64 = 0.08;
 
 /// A pool's own jitter in `[0, MOST_JITTER)`, stable for its uid.
@@ -76,6 +75,13 @@ pub(super) fn jitter(uid: &str) -> f64 {
     (hasher.finish() % 1000) as f64 / 1000.0 * MOST_JITTER
 }
 
+/// How often the pool with `uid` is measured: its `interval`, later by its own [`jitter`], so
+/// pools started together drift apart instead of querying together forever, and no pool's
+/// workers are asked more often than once an interval.
+pub(super) fn period(interval: Duration, uid: &str) -> Duration {
+    interval.mul_f64(1.0 + jitter(uid))
+}
+
 /// Where a reconcile starts from.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Start {
@@ -84,31 +90,31 @@ pub(super) struct Start {
     /// The replica counts the decision starts from: this process's last decision, or after a
     /// restart what the status or the Deployments say; `None` for a new pool.
     pub(super) current: Option<Replicas>,
-    /// How long past its interval the pool is measured, when it is due by time alone (not new,
+    /// How long past its [`period`] the pool is measured, when it is due by time alone (not new,
     /// not its spec changed): zero when on time, more when reconciles queue behind others.
     pub(super) late: Option<Duration>,
 }
 
 impl PoolMemory {
     /// Whether the pool is due and what it runs now. A pool is due on its first reconcile here,
-    /// when its spec changed, and once 90 % of the interval has passed since the last
+    /// when its spec changed, and once 90 % of its [`period`] has passed since the last
     /// measurement (so a requeue that fires a little early still measures).
     pub(super) fn start(
         &self,
         generation: Option<i64>,
-        interval: Duration,
+        period: Duration,
         now: Duration,
         recorded: impl FnOnce() -> Option<Replicas>,
     ) -> Start {
         let since = self.measured_at.map(|at| now.saturating_sub(at));
-        let by_time = since.is_none_or(|since| since + interval / 10 >= interval);
+        let by_time = since.is_none_or(|since| since + period / 10 >= period);
         let fresh = self.replicas.is_none() || self.generation != generation;
         Start {
             due: fresh || by_time,
             current: self.replicas.clone().or_else(recorded),
             late: since
                 .filter(|_| !fresh && by_time)
-                .map(|since| since.saturating_sub(interval)),
+                .map(|since| since.saturating_sub(period)),
         }
     }
 
@@ -193,24 +199,18 @@ impl PoolMemory {
         self.swept = generation;
     }
 
-    /// When to reconcile again: when the interval since the last measurement ends, less the
-    /// pool's `jitter` (a share of the interval below a tenth, which a measurement forgives: see
-    /// [`Self::start`]) so pools started together do not query together forever; or sooner when
-    /// a waiting shrink's timeout ends first (readiness arrives as Deployment events, the timeout
+    /// When to reconcile again: when the pool's [`period`] since the last measurement ends; or
+    /// sooner when a waiting shrink's timeout ends first (readiness arrives as Deployment events, the timeout
     /// has to be watched for); never sooner than a second, except to follow a drain (see
     /// [`drain::requeue`]).
     pub(super) fn requeue_after(
         &self,
-        interval: Duration,
+        period: Duration,
         surge_timeout: Duration,
         now: Duration,
-        jitter: f64,
     ) -> Duration {
         let measured_at = self.measured_at.unwrap_or(now);
-        let early = interval.mul_f64(jitter.clamp(0.0, MOST_JITTER));
-        let mut wait = interval
-            .saturating_sub(now.saturating_sub(measured_at))
-            .saturating_sub(early);
+        let mut wait = period.saturating_sub(now.saturating_sub(measured_at));
         if let Some(since) = self.surge_since {
             wait = wait.min((since + surge_timeout).saturating_sub(now));
         }
@@ -478,32 +478,29 @@ mod tests {
         );
     }
 
-    impl PoolMemory {
-        fn requeue_after_plain(
-            &self,
-            interval: Duration,
-            timeout: Duration,
-            now: Duration,
-        ) -> Duration {
-            self.requeue_after(interval, timeout, now, 0.0)
-        }
-    }
-
     #[test]
-    fn a_jittered_requeue_is_early_by_less_than_start_forgives() {
+    fn a_jittered_period_is_late_by_less_than_a_tenth_and_measures_on_time() {
         let memory = after_decision(secs(100));
         let uids = (0..200).map(|i| format!("uid-{i}"));
-        let jitters: Vec<f64> = uids.map(|u| jitter(&u)).collect();
+        let jitters: Vec<f64> = uids.clone().map(|u| jitter(&u)).collect();
         assert!(jitters.iter().all(|j| (0.0..MOST_JITTER).contains(j)));
         assert!(jitters.iter().any(|j| *j > MOST_JITTER / 2.0), "spread out");
         assert_eq!(jitter("same"), jitter("same"));
-        for j in jitters {
-            let wait = memory.requeue_after(INTERVAL, secs(120), secs(100), j);
-            assert!(wait <= INTERVAL);
-            let due = memory
-                .start(Some(1), INTERVAL, secs(100) + wait, || None)
-                .due;
-            assert!(due, "a requeue {wait:?} after the measurement measures");
+        for uid in uids {
+            let period = period(INTERVAL, &uid);
+            assert!(INTERVAL <= period && period < INTERVAL.mul_f64(1.0 + MOST_JITTER));
+            let wait = memory.requeue_after(period, secs(120), secs(100));
+            assert_eq!(wait, period, "never asked sooner than its period");
+            let start = memory.start(Some(1), period, secs(100) + wait, || None);
+            assert!(
+                start.due,
+                "a requeue {wait:?} after the measurement measures"
+            );
+            assert_eq!(
+                start.late,
+                Some(Duration::ZERO),
+                "on time by its own period"
+            );
         }
     }
 
@@ -511,33 +508,18 @@ mod tests {
     fn requeue_at_the_next_measurement_or_the_surge_timeout_whichever_is_first() {
         let mut memory = after_decision(secs(100));
         let timeout = secs(120);
+        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(100)), secs(10));
+        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(104)), secs(6));
         assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(100)),
-            secs(10)
-        );
-        assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(104)),
-            secs(6)
-        );
-        assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(130)),
+            memory.requeue_after(INTERVAL, timeout, secs(130)),
             secs(1),
             "overdue: soon, but not in a loop"
         );
         memory.surging(&waiting(true), secs(100));
         let short = secs(3);
-        assert_eq!(
-            memory.requeue_after_plain(INTERVAL, short, secs(101)),
-            secs(2)
-        );
-        assert_eq!(
-            memory.requeue_after_plain(INTERVAL, short, secs(104)),
-            secs(1)
-        );
-        assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
-            secs(9)
-        );
+        assert_eq!(memory.requeue_after(INTERVAL, short, secs(101)), secs(2));
+        assert_eq!(memory.requeue_after(INTERVAL, short, secs(104)), secs(1));
+        assert_eq!(memory.requeue_after(INTERVAL, timeout, secs(101)), secs(9));
     }
 
     #[test]
@@ -557,7 +539,7 @@ mod tests {
         );
         let timeout = secs(120);
         assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
+            memory.requeue_after(INTERVAL, timeout, secs(101)),
             drain::DRAIN_POLL
         );
         // Idle (or out of time): renewed before it lapses, not polled.
@@ -570,11 +552,11 @@ mod tests {
             .unwrap()
             .idle = true;
         assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(101)),
+            memory.requeue_after(INTERVAL, timeout, secs(101)),
             drain::DRAIN_RENEW
         );
         assert_eq!(
-            memory.requeue_after_plain(INTERVAL, timeout, secs(108)),
+            memory.requeue_after(INTERVAL, timeout, secs(108)),
             secs(2),
             "the next measurement comes first"
         );
