@@ -33,6 +33,8 @@ pub struct Metrics {
     query_failures: Counter,
     writes: Family<Labels, Counter>,
     worker_reads_rejected: Family<Labels, Counter>,
+    worker_request_wait: Histogram,
+    worker_request_duration: Histogram,
 }
 
 impl Default for Metrics {
@@ -56,6 +58,11 @@ impl Default for Metrics {
             query_failures: Counter::default(),
             writes: Family::default(),
             worker_reads_rejected: Family::default(),
+            // 0 (a slot was free) up to about 4 s.
+            worker_request_wait: Histogram::new(
+                std::iter::once(0.0).chain(exponential_buckets(0.0005, 2.0, 14)),
+            ),
+            worker_request_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             registry: Registry::default(),
         };
         registry.register(
@@ -130,6 +137,17 @@ impl Default for Metrics {
              jobs than the worker could have run)",
             metrics.worker_reads_rejected.clone(),
         );
+        registry.register(
+            "worker_request_wait_seconds",
+            "How long a request to a worker Pod waited for one of the operator's slots: 0 when one \
+             was free, more when Pod requests are what reconciles queue on",
+            metrics.worker_request_wait.clone(),
+        );
+        registry.register(
+            "worker_request_duration_seconds",
+            "Time a request to a worker Pod took once sent, answered or not",
+            metrics.worker_request_duration.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -151,6 +169,15 @@ impl Metrics {
     /// A pool measured `late` past its interval.
     pub fn measured_late(&self, late: Duration) {
         self.measurement_lateness.observe(late.as_secs_f64());
+    }
+
+    /// A request to a worker Pod that waited `wait` for a slot and then took `took` (`None`:
+    /// the reconcile's budget ran out while it waited).
+    pub fn worker_requested(&self, wait: Duration, took: Option<Duration>) {
+        self.worker_request_wait.observe(wait.as_secs_f64());
+        if let Some(took) = took {
+            self.worker_request_duration.observe(took.as_secs_f64());
+        }
     }
 
     pub fn reconcile_failed(&self, error: &'static str) {

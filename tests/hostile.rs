@@ -517,17 +517,24 @@ async fn pod_lists(client: &Client) -> f64 {
 }
 
 fn reconciles_over(world: &World, seconds: &str) -> u64 {
+    observed_over(
+        world,
+        "lanepool_operator_reconcile_duration_seconds",
+        seconds,
+    )
+}
+
+/// How many of the operator's observations of `histogram` were over the bucket `seconds`.
+fn observed_over(world: &World, histogram: &str, seconds: &str) -> u64 {
     let text = world.operator.metrics().render();
     let value = |prefix: &str| -> Option<u64> {
         text.lines()
             .find_map(|l| l.strip_prefix(prefix))
             .and_then(|v| v.split_whitespace().last()?.parse().ok())
     };
-    let count = value("lanepool_operator_reconcile_duration_seconds_count").unwrap();
-    let within = value(&format!(
-        "lanepool_operator_reconcile_duration_seconds_bucket{{le=\"{seconds}"
-    ))
-    .unwrap_or_else(|| panic!("no bucket {seconds} in {text}"));
+    let count = value(&format!("{histogram}_count")).unwrap();
+    let within = value(&format!("{histogram}_bucket{{le=\"{seconds}"))
+        .unwrap_or_else(|| panic!("no bucket {seconds} of {histogram} in {text}"));
     count - within
 }
 
@@ -596,5 +603,12 @@ async fn silent_workers_cost_their_pool_its_budget_and_the_pool_beside_keeps_its
         over, 0,
         "no reconcile waits on silent Pods beyond its budget"
     );
+    // Each request to a silent worker is cut off at the budget, and shows as one that took it.
+    let slow = observed_over(
+        &world,
+        "lanepool_operator_worker_request_duration_seconds",
+        "0.512",
+    );
+    assert!(slow >= 16, "{slow} worker requests over 512 ms");
     assert!(rise <= Duration::from_secs(12), "{rise:?}");
 }

@@ -24,6 +24,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::context::{Context, POD_REQUESTS_IN_FLIGHT};
@@ -137,6 +138,8 @@ impl PoolPods<'_> {
     where
         F: Future<Output = Result<T, Refused>>,
     {
+        let asked = Instant::now();
+        let sent_at = OnceLock::new();
         let sent = async {
             let _slot = self
                 .ctx
@@ -144,11 +147,19 @@ impl PoolPods<'_> {
                 .acquire()
                 .await
                 .map_err(|_| Refused::OutOfTime)?;
+            sent_at.get_or_init(Instant::now);
             send().await
         };
-        tokio::time::timeout_at(self.deadline, sent)
+        let answer = tokio::time::timeout_at(self.deadline, sent)
             .await
-            .unwrap_or(Err(Refused::OutOfTime))
+            .unwrap_or(Err(Refused::OutOfTime));
+        // Cut off by the budget while waiting for a slot: waited all along, never sent.
+        let (wait, took) = match sent_at.get() {
+            Some(sent) => (sent.duration_since(asked), Some(sent.elapsed())),
+            None => (asked.elapsed(), None),
+        };
+        self.ctx.metrics.worker_requested(wait, took);
+        answer
     }
 
     /// Each of `workers` that has a metrics port asked for its `/metrics` text (once per
