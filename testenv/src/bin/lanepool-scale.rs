@@ -20,7 +20,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use lanepool::api::{LanePool, POOL_LABEL};
 use lanepool_testenv::{
@@ -230,65 +230,89 @@ async fn operator_metrics(port: u16) -> String {
     .unwrap_or_default()
 }
 
-/// The reserve lanes not at a right count: their key and replicas.
-async fn wrong(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> Vec<(String, i32)> {
-    let all: Api<Deployment> = Api::all(client.clone());
-    let Ok(list) = all
-        .list(&ListParams::default().labels("lanepool.dev/role=reserved"))
-        .await
-    else {
-        return expected.keys().map(|key| (key.clone(), 0)).collect();
-    };
-    let replicas: BTreeMap<String, i32> = list
-        .items
-        .iter()
-        .map(|d| {
-            let key = format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any());
-            (key, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0))
-        })
-        .collect();
-    expected
-        .iter()
-        .filter_map(|(key, (low, high))| {
-            let r = replicas.get(key).copied().unwrap_or(0);
-            (r < *low || r > *high).then(|| (key.clone(), r))
-        })
-        .collect()
+/// The reserved Deployments and the pools, from watch caches: the benchmark asks every 500 ms
+/// which are right, and LISTing 2,000 Deployments and 1,000 statuses that often would load the
+/// API server (and the 2 cores) it measures.
+struct Watched {
+    deployments: reflector::Store<Deployment>,
+    pools: reflector::Store<LanePool>,
 }
 
-/// How many reserve lanes the operator has not yet decided right: the reserve in each pool's
-/// status, which the Deployments follow once the rollout allows (a reserve grows into room the
-/// shared workers leave when they have drained, within `totalWorkers`).
-async fn undecided(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> usize {
-    let Ok(list) = Api::<LanePool>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    else {
-        return expected.len();
-    };
-    let decided: BTreeMap<String, i32> = list
-        .items
-        .iter()
-        .flat_map(|pool| {
-            let prefix = format!(
-                "{}/{}",
-                pool.namespace().unwrap_or_default(),
-                pool.name_any()
-            );
-            let lanes = pool.status.iter().flat_map(|s| s.lanes.iter());
-            lanes
-                .map(|lane| (format!("{prefix}-{}-reserved", lane.name), lane.reserve))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    expected
-        .iter()
-        .filter(|(key, (low, high))| {
-            decided
-                .get(*key)
-                .is_none_or(|reserve| reserve < low || reserve > high)
-        })
-        .count()
+impl Watched {
+    async fn start(client: &Client) -> Self {
+        let reserved = watcher::Config::default().labels("lanepool.dev/role=reserved");
+        let deployments = cache(Api::all(client.clone()), reserved);
+        let pools = cache(Api::all(client.clone()), watcher::Config::default());
+        deployments
+            .wait_until_ready()
+            .await
+            .expect("the Deployment cache");
+        pools.wait_until_ready().await.expect("the LanePool cache");
+        Self { deployments, pools }
+    }
+
+    /// The reserve lanes whose Deployment is not yet right, with its replicas.
+    fn wrong(&self, expected: &BTreeMap<String, (i32, i32)>) -> Vec<(String, i32)> {
+        let replicas: BTreeMap<String, i32> = self
+            .deployments
+            .state()
+            .iter()
+            .map(|d| {
+                let key = format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any());
+                (key, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0))
+            })
+            .collect();
+        expected
+            .iter()
+            .filter_map(|(key, (low, high))| {
+                let r = replicas.get(key).copied().unwrap_or(0);
+                (r < *low || r > *high).then(|| (key.clone(), r))
+            })
+            .collect()
+    }
+
+    /// How many reserve lanes the operator has not yet decided right: the reserve in each
+    /// pool's status, which the Deployments follow once the rollout allows (a reserve grows into
+    /// room the shared workers leave when they have drained, within `totalWorkers`).
+    fn undecided(&self, expected: &BTreeMap<String, (i32, i32)>) -> usize {
+        let decided: BTreeMap<String, i32> = self
+            .pools
+            .state()
+            .iter()
+            .flat_map(|pool| {
+                let prefix = format!(
+                    "{}/{}",
+                    pool.namespace().unwrap_or_default(),
+                    pool.name_any()
+                );
+                let lanes = pool.status.iter().flat_map(|s| s.lanes.iter());
+                lanes
+                    .map(|lane| (format!("{prefix}-{}-reserved", lane.name), lane.reserve))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        expected
+            .iter()
+            .filter(|(key, (low, high))| {
+                decided
+                    .get(*key)
+                    .is_none_or(|reserve| reserve < low || reserve > high)
+            })
+            .count()
+    }
+}
+
+/// A store kept by a watch of `api`, run for as long as the benchmark.
+fn cache<K>(api: Api<K>, config: watcher::Config) -> reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug,
+    K: k8s_openapi::serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, config).default_backoff());
+    tokio::spawn(stream.for_each(|_| futures::future::ready(())));
+    reader
 }
 
 /// How a change reached the pools (see [`until_all_right`]).
@@ -303,14 +327,18 @@ struct Followed {
 /// How long until every reserve lane is right (at most 10 minutes); how many were wrong at each
 /// 5 s mark; and what the last ones to get there showed when 20 or fewer were left: key,
 /// replicas, the right range, and the pool's last decision (three of them).
-async fn until_all_right(client: &Client, expected: &BTreeMap<String, (i32, i32)>) -> Followed {
+async fn until_all_right(
+    client: &Client,
+    watched: &Watched,
+    expected: &BTreeMap<String, (i32, i32)>,
+) -> Followed {
     let started = Instant::now();
     let mut curve = Vec::new();
     let mut last = Vec::new();
     let mut decided = None;
     loop {
-        let wrong = wrong(client, expected).await;
-        if decided.is_none() && undecided(client, expected).await == 0 {
+        let wrong = watched.wrong(expected);
+        if decided.is_none() && watched.undecided(expected) == 0 {
             decided = Some(started.elapsed());
         }
         if started.elapsed() >= Duration::from_secs(5 * curve.len() as u64) {
@@ -485,6 +513,7 @@ async fn main() {
     // Let Prometheus hold 30 s of every series before the operator starts.
     tokio::time::sleep(Duration::from_secs(35)).await;
 
+    let watched = Watched::start(&client).await;
     let metrics_port = free_port().unwrap();
     let operator = Stop(
         Command::new(&args.operator)
@@ -502,7 +531,7 @@ async fn main() {
     );
     let pid = operator.0.id();
     let started = Instant::now();
-    let start = until_all_right(&client, &expected).await.took;
+    let start = until_all_right(&client, &watched, &expected).await.took;
     let pods = args.pools * WORKERS;
     while pod_workers.requests().pods < pods && started.elapsed() < Duration::from_secs(900) {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -614,6 +643,17 @@ async fn main() {
             .join(" / ")
     };
     let steady_late = late(&before_op, &after_op);
+    // Where a worker read's time goes: waiting for one of the operator's slots, then the request.
+    let worker_ms = |histogram: &str| {
+        [0.5, 0.99]
+            .map(|p| {
+                quantile(&before_op, &after_op, histogram, p)
+                    .map_or("-".into(), |v| format!("{}", v * 1e3))
+            })
+            .join(" / ")
+    };
+    let slot_wait = worker_ms("lanepool_operator_worker_request_wait_seconds");
+    let request_time = worker_ms("lanepool_operator_worker_request_duration_seconds");
 
     // Every rate doubles: how long until every reserve follows.
     set_rates(true, &mut expected);
@@ -622,7 +662,7 @@ async fn main() {
         decided,
         curve,
         last: last_to_change,
-    } = until_all_right(&client, &expected).await;
+    } = until_all_right(&client, &watched, &expected).await;
     let change_late = late(&after_op, &operator_metrics(metrics_port).await);
 
     println!("pools                                  {}", args.pools);
@@ -674,6 +714,9 @@ async fn main() {
     );
     println!(
         "measured late p50 / p99 / most (≤ bucket) {steady_late} s steady, {change_late} s after the change"
+    );
+    println!(
+        "worker request p50 / p99 (≤ bucket)    {slot_wait} ms waiting for a slot, {request_time} ms sent"
     );
     println!("Prometheus queries per interval        {queries:.1}");
     println!("API server Pod LISTs per interval      {pod_lists:.1}");
