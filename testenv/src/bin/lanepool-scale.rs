@@ -42,6 +42,11 @@ struct Args {
     /// Each pool's `spec.interval` (the CRD's default, 5s, when not given).
     #[arg(long)]
     interval: Option<String>,
+    /// Where to keep the operator's metrics as scraped at the steady window's start and end and
+    /// once every pool followed the change (steady-start.txt, steady-end.txt, changed.txt), and
+    /// the API server's at the last two.
+    #[arg(long)]
+    metrics_out: Option<std::path::PathBuf>,
     /// More flags for `lanepool run`, after `--`.
     #[arg(last = true)]
     operator_args: Vec<String>,
@@ -663,7 +668,41 @@ async fn main() {
         curve,
         last: last_to_change,
     } = until_all_right(&client, &watched, &expected).await;
-    let change_late = late(&after_op, &operator_metrics(metrics_port).await);
+    let changed_op = operator_metrics(metrics_port).await;
+    let change_late = late(&after_op, &changed_op);
+    // What the reconciles did while the change went out: how many, how long, and their writes.
+    let change_reconciles = sum_metric(&changed_op, "lanepool_operator_reconciles_total", &[])
+        - sum_metric(&after_op, "lanepool_operator_reconciles_total", &[]);
+    let change_p = |p| {
+        quantile(&after_op, &changed_op, histogram, p)
+            .map_or("-".into(), |v| format!("{:.0}", v * 1e3))
+    };
+    let change_writes: Vec<String> = ["success", "failure", "timeout", "fenced"]
+        .into_iter()
+        .map(|result| {
+            let filter = format!("result=\"{result}\"");
+            let count =
+                sum_metric(
+                    &changed_op,
+                    "lanepool_operator_kube_writes_total",
+                    &[&filter],
+                ) - sum_metric(&after_op, "lanepool_operator_kube_writes_total", &[&filter]);
+            format!("{result} {count:.0}")
+        })
+        .collect();
+    if let Some(dir) = &args.metrics_out {
+        std::fs::create_dir_all(dir).expect("--metrics-out");
+        let changed_api = text(&client, "/metrics").await;
+        for (name, text) in [
+            ("steady-start", &before_op),
+            ("steady-end", &after_op),
+            ("changed", &changed_op),
+            ("apiserver-steady-end", &after_api),
+            ("apiserver-changed", &changed_api),
+        ] {
+            std::fs::write(dir.join(format!("{name}.txt")), text).expect("--metrics-out");
+        }
+    }
 
     println!("pools                                  {}", args.pools);
     println!("reserve lanes                          {}", expected.len());
@@ -707,6 +746,12 @@ async fn main() {
         (cpu_after - cpu_before) / args.steady_seconds as f64
     );
     println!("reconciles per interval                {reconciles:.0}");
+    println!(
+        "while the change went out              {change_reconciles:.0} reconciles, p50 / p99 (≤ bucket) {} / {} ms; writes {}",
+        change_p(0.5),
+        change_p(0.99),
+        change_writes.join(", ")
+    );
     println!(
         "steady reconcile p50 / p99 (≤ bucket)  {} / {} ms",
         p50.map_or("-".into(), |v| format!("{:.0}", v * 1e3)),
