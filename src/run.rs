@@ -34,8 +34,9 @@ pub struct RunArgs {
     pub prometheus_concurrency: u16,
 
     /// Most pools reconciled at once: bounds the operator's memory and its burst of writes when
-    /// many pools change together (at start, say). A pool whose Prometheus hangs holds one place
-    /// until its query times out (spec.prometheus.timeout, at most 1m).
+    /// many pools change together (at start, say); when more are due, they wait their turn first
+    /// come, first served. A pool whose Prometheus hangs holds one place until its query times
+    /// out (spec.prometheus.timeout, at most 1m).
     #[arg(long, env = "LANEPOOL_CONCURRENT_RECONCILES", default_value_t = crate::controller::DEFAULT_CONCURRENT_RECONCILES, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub concurrent_reconciles: u16,
 

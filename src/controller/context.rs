@@ -117,6 +117,9 @@ pub struct Context {
     /// Requests to worker Pods in flight, across every pool; granted in the order asked, so a
     /// pool with many Pods waits its turn behind the others instead of starving them.
     pub(super) pod_requests: tokio::sync::Semaphore,
+    /// Reconciles running, at most `--concurrent-reconciles`; granted in the order asked, so
+    /// the pools that have waited longest go first when more are due than may run.
+    pub(super) reconcile_slots: tokio::sync::Semaphore,
     /// Until when this replica may write (see [`Fence`]): checked before every write, event
     /// and drain request.
     pub(super) fence: Fence,
@@ -129,6 +132,8 @@ pub(super) const POD_REQUESTS_IN_FLIGHT: usize = 64;
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Self {
         let prometheus = prometheus::Clients::new(settings.prometheus_concurrency, metrics.clone());
+        let slots = usize::from(settings.concurrent_reconciles.max(1));
+        let reconcile_slots = tokio::sync::Semaphore::new(slots);
         Self {
             recorder: Recorder::new(client.clone(), std::env::var("POD_NAME").ok()),
             client,
@@ -140,6 +145,7 @@ impl Context {
             prometheus,
             caches: OnceLock::new(),
             pod_requests: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
+            reconcile_slots,
             fence: Fence::open(),
         }
     }

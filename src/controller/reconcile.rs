@@ -31,6 +31,8 @@ use crate::{Error, Result};
 
 /// One reconcile of one LanePool.
 pub async fn reconcile(pool: Arc<LanePool>, ctx: Arc<Context>) -> Result<Action> {
+    // Pools wait their turn in the order they became due (the semaphore is never closed).
+    let _slot = ctx.reconcile_slots.acquire().await.ok();
     let started = Instant::now();
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
