@@ -139,8 +139,8 @@ impl Default for Metrics {
         );
         registry.register(
             "worker_request_wait_seconds",
-            "How long a request to a worker Pod waited for one of the operator's slots: 0 when one \
-             was free, more when Pod requests are what reconciles queue on",
+            "How long a request to a worker Pod waited for one of the operator's slots: near 0 \
+             when one was free, more when Pod requests are what reconciles queue on",
             metrics.worker_request_wait.clone(),
         );
         registry.register(
