@@ -68,7 +68,7 @@ pub(super) const STATUS_REFRESH: Duration = Duration::from_secs(300);
 pub(super) const MOST_JITTER: f64 = 0.08;
 
 /// A pool's own jitter in `[0, MOST_JITTER)`, stable for its uid.
-pub(super) fn jitter(uid: &str) -> f64 {
+fn jitter(uid: &str) -> f64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::hash::DefaultHasher::new();
     uid.hash(&mut hasher);
@@ -200,9 +200,9 @@ impl PoolMemory {
     }
 
     /// When to reconcile again: when the pool's [`period`] since the last measurement ends; or
-    /// sooner when a waiting shrink's timeout ends first (readiness arrives as Deployment events, the timeout
-    /// has to be watched for); never sooner than a second, except to follow a drain (see
-    /// [`drain::requeue`]).
+    /// sooner when a waiting shrink's timeout ends first (readiness arrives as Deployment events,
+    /// the timeout has to be watched for); never sooner than a second, except to follow a drain
+    /// (see [`drain::requeue`]).
     pub(super) fn requeue_after(
         &self,
         period: Duration,

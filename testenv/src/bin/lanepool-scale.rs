@@ -147,6 +147,32 @@ async fn follow_pods(client: Client, workers: Arc<PodWorkers>) {
     }
 }
 
+/// An object's "namespace/name", the key every map here is by.
+fn key_of(object: &impl ResourceExt) -> String {
+    format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// How much a counter (summed over the lines matching every filter) grew between two scrapes.
+fn grew(before: &str, after: &str, name: &str, filters: &[&str]) -> f64 {
+    sum_metric(after, name, filters) - sum_metric(before, name, filters)
+}
+
+/// The `ps`-quantiles of a histogram between two scrapes (the upper bounds of their buckets),
+/// times `unit`, as "a / b / c"; "-" for one without observations.
+fn quantiles(before: &str, after: &str, name: &str, ps: &[f64], unit: f64) -> String {
+    ps.iter()
+        .map(|&p| {
+            quantile(before, after, name, p)
+                .map_or("-".into(), |v| lanepool::duration::trim(v * unit))
+        })
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 /// A metric's value summed over the lines of a text exposition that match every filter.
 fn sum_metric(text: &str, name: &str, filters: &[&str]) -> f64 {
     text.lines()
@@ -263,8 +289,10 @@ impl Watched {
             .state()
             .iter()
             .map(|d| {
-                let key = format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any());
-                (key, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0))
+                (
+                    key_of(d.as_ref()),
+                    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
+                )
             })
             .collect();
         expected
@@ -285,11 +313,7 @@ impl Watched {
             .state()
             .iter()
             .flat_map(|pool| {
-                let prefix = format!(
-                    "{}/{}",
-                    pool.namespace().unwrap_or_default(),
-                    pool.name_any()
-                );
+                let prefix = key_of(pool.as_ref());
                 let lanes = pool.status.iter().flat_map(|s| s.lanes.iter());
                 lanes
                     .map(|lane| (format!("{prefix}-{}-reserved", lane.name), lane.reserve))
@@ -416,11 +440,7 @@ async fn statuses(client: &Client) -> BTreeMap<String, (String, serde_json::Valu
     list.items
         .into_iter()
         .map(|pool| {
-            let key = format!(
-                "{}/{}",
-                pool.namespace().unwrap_or_default(),
-                pool.name_any()
-            );
+            let key = key_of(&pool);
             let version = pool.resource_version().unwrap_or_default();
             let status = serde_json::to_value(&pool.status).unwrap_or_default();
             (key, (version, status))
@@ -562,7 +582,7 @@ async fn main() {
     let statuses_after = statuses(&client).await;
     let intervals = args.steady_seconds as f64 / interval_seconds;
     let per_interval = |before: &str, after: &str, name: &str, filters: &[&str]| {
-        (sum_metric(after, name, filters) - sum_metric(before, name, filters)) / intervals
+        grew(before, after, name, filters) / intervals
     };
     let queries = per_interval(
         &before_op,
@@ -639,24 +659,14 @@ async fn main() {
         proc_status(pid, "RssFile:") / 1024.0,
     );
     let histogram = "lanepool_operator_reconcile_duration_seconds";
-    let p50 = quantile(&before_op, &after_op, histogram, 0.5);
-    let p99 = quantile(&before_op, &after_op, histogram, 0.99);
+    let steady_reconcile = quantiles(&before_op, &after_op, histogram, &[0.5, 0.99], 1e3);
     let lateness = "lanepool_operator_measurement_lateness_seconds";
-    let late = |before: &str, after: &str| {
-        [0.5, 0.99, 1.0]
-            .map(|p| quantile(before, after, lateness, p).map_or("-".into(), |v| format!("{v}")))
-            .join(" / ")
-    };
+    let late =
+        |before: &str, after: &str| quantiles(before, after, lateness, &[0.5, 0.99, 1.0], 1.0);
     let steady_late = late(&before_op, &after_op);
     // Where a worker read's time goes: waiting for one of the operator's slots, then the request.
-    let worker_ms = |histogram: &str| {
-        [0.5, 0.99]
-            .map(|p| {
-                quantile(&before_op, &after_op, histogram, p)
-                    .map_or("-".into(), |v| format!("{}", v * 1e3))
-            })
-            .join(" / ")
-    };
+    let worker_ms =
+        |histogram: &str| quantiles(&before_op, &after_op, histogram, &[0.5, 0.99], 1e3);
     let slot_wait = worker_ms("lanepool_operator_worker_request_wait_seconds");
     let request_time = worker_ms("lanepool_operator_worker_request_duration_seconds");
 
@@ -671,22 +681,19 @@ async fn main() {
     let changed_op = operator_metrics(metrics_port).await;
     let change_late = late(&after_op, &changed_op);
     // What the reconciles did while the change went out: how many, how long, and their writes.
-    let change_reconciles = sum_metric(&changed_op, "lanepool_operator_reconciles_total", &[])
-        - sum_metric(&after_op, "lanepool_operator_reconciles_total", &[]);
-    let change_p = |p| {
-        quantile(&after_op, &changed_op, histogram, p)
-            .map_or("-".into(), |v| format!("{:.0}", v * 1e3))
-    };
+    let change_reconciles = grew(
+        &after_op,
+        &changed_op,
+        "lanepool_operator_reconciles_total",
+        &[],
+    );
+    let change_reconcile = quantiles(&after_op, &changed_op, histogram, &[0.5, 0.99], 1e3);
     let change_writes: Vec<String> = ["success", "failure", "timeout", "fenced"]
         .into_iter()
         .map(|result| {
             let filter = format!("result=\"{result}\"");
-            let count =
-                sum_metric(
-                    &changed_op,
-                    "lanepool_operator_kube_writes_total",
-                    &[&filter],
-                ) - sum_metric(&after_op, "lanepool_operator_kube_writes_total", &[&filter]);
+            let writes = "lanepool_operator_kube_writes_total";
+            let count = grew(&after_op, &changed_op, writes, &[&filter]);
             format!("{result} {count:.0}")
         })
         .collect();
@@ -747,16 +754,10 @@ async fn main() {
     );
     println!("reconciles per interval                {reconciles:.0}");
     println!(
-        "while the change went out              {change_reconciles:.0} reconciles, p50 / p99 (≤ bucket) {} / {} ms; writes {}",
-        change_p(0.5),
-        change_p(0.99),
+        "while the change went out              {change_reconciles:.0} reconciles, p50 / p99 (≤ bucket) {change_reconcile} ms; writes {}",
         change_writes.join(", ")
     );
-    println!(
-        "steady reconcile p50 / p99 (≤ bucket)  {} / {} ms",
-        p50.map_or("-".into(), |v| format!("{:.0}", v * 1e3)),
-        p99.map_or("-".into(), |v| format!("{:.0}", v * 1e3))
-    );
+    println!("steady reconcile p50 / p99 (≤ bucket)  {steady_reconcile} ms");
     println!(
         "measured late p50 / p99 / most (≤ bucket) {steady_late} s steady, {change_late} s after the change"
     );
