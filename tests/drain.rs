@@ -189,6 +189,28 @@ impl World {
             .collect()
     }
 
+    /// How many shared workers say a drain keeps them from taking jobs.
+    async fn shared_draining(&self) -> usize {
+        let pods = self.pods(SHARED).await;
+        pods.iter()
+            .filter(|pod| {
+                let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+                    return false;
+                };
+                let Some(address) = format!("{ip}:9100").parse().ok() else {
+                    return false;
+                };
+                http_get(address, "/metrics").is_ok_and(|(_, gauges)| {
+                    gauges
+                        .lines()
+                        .filter(|l| !l.starts_with('#'))
+                        .filter_map(|l| l.strip_prefix("lanepool_worker_draining"))
+                        .any(|rest| rest.ends_with(" 1"))
+                })
+            })
+            .count()
+    }
+
     /// The queue's count of batch jobs taken back from a worker that died holding one.
     fn cut_short(&self) -> f64 {
         let (_, metrics) = http_get(self.queue, "/metrics").unwrap();
@@ -251,6 +273,8 @@ struct Shrunk {
     /// From raising the reserve to the shared Deployment's shrink.
     shrink: Duration,
     cut_short: f64,
+    /// The most shared workers seen draining before the new reserved workers were ready.
+    drained_before_ready: usize,
 }
 
 /// Grows the reserve from 1 to 3 in a budget of 5 just after every shared worker took a fresh
@@ -274,13 +298,21 @@ async fn saturated_shrink(world: &World) -> Shrunk {
     let raised = Instant::now();
     world.raise_reserve(3).await;
     let (mut growth, mut shrink) = (None, None);
+    let mut drained_before_ready = 0;
     while shrink.is_none() || growth.is_none() {
         assert!(
             raised.elapsed() < Duration::from_secs(60),
             "the reserve did not grow, or shared did not shrink, within 60 s"
         );
-        if growth.is_none() && world.counts("jobs-urgent-reserved").await.1 >= 3 {
-            growth = Some(raised.elapsed());
+        if growth.is_none() {
+            // Drains seen before a read that finds the new workers not all ready yet came before
+            // they were ready.
+            let draining = world.shared_draining().await;
+            if world.counts("jobs-urgent-reserved").await.1 >= 3 {
+                growth = Some(raised.elapsed());
+            } else {
+                drained_before_ready = drained_before_ready.max(draining);
+            }
         }
         if shrink.is_none() && world.counts("jobs-shared").await.0 == 2 {
             shrink = Some(raised.elapsed());
@@ -296,6 +328,7 @@ async fn saturated_shrink(world: &World) -> Shrunk {
         growth: growth.unwrap_or_default(),
         shrink: shrink.unwrap_or_default(),
         cut_short: world.cut_short(),
+        drained_before_ready,
     }
 }
 
@@ -306,6 +339,11 @@ async fn drained_workers_finish_their_jobs_before_the_shrink_and_the_reserve_gro
     assert_eq!(
         shrunk.cut_short, 0.0,
         "a drained worker's job was cut short"
+    );
+    // Until their replacements are ready the shared workers take jobs as usual.
+    assert_eq!(
+        shrunk.drained_before_ready, 0,
+        "shared workers drained while the new reserved workers started"
     );
     assert!(
         shrunk.growth < Duration::from_secs(6),

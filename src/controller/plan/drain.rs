@@ -16,7 +16,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a reconcile comes back while a drained worker is still busy: a fraction of the
 /// jobs that make draining worth it (a second and more), so the shrink follows their end closely.
 pub(in crate::controller) const DRAIN_POLL: Duration = Duration::from_millis(500);
-/// How often a drain whose workers are idle is renewed while the shrink waits for the surge.
+/// How often a drain whose workers are all idle is renewed until its shrink goes.
 pub(in crate::controller) const DRAIN_RENEW: Duration = Duration::from_secs(5);
 /// How many of the served lanes' longest mean job time a drain waits at most: a job three times
 /// its lane's mean is rare (5 % of exponential job times, none of 2–4 s uniform ones).

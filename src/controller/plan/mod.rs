@@ -1,8 +1,9 @@
 //! The rollout, without I/O: from the decision, the live Deployments, this process's last
 //! counts and the surge's wait, what to write now and in which order. Growth goes out first and
 //! alone whenever a Deployment is to shrink (draining and ranking never delay new workers); a
-//! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`) and for the
-//! workers it stops to drain (`drain.rs`); each shrinking Deployment's Pods are ranked (`cost.rs`)
+//! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`), and only then
+//! are the workers it stops asked to drain (`drain.rs`), so they take jobs until their
+//! replacements can; each shrinking Deployment's Pods are ranked (`cost.rs`)
 //! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
 
 pub(super) mod cost;
@@ -59,8 +60,9 @@ pub(super) struct Rollout {
     /// The Deployments growing in this surge, whose readiness a shrink waits for: remembered
     /// while it waits (once grown, a Deployment's count is its target, but it still takes over).
     pub(super) taking_over: BTreeSet<String>,
-    /// The Deployments the decision shrinks, whether or not the surge lets them shrink yet: their
-    /// workers drain meanwhile. Empty when the operator does not drain.
+    /// The Deployments the surge lets shrink now: their workers drain first. A shrink that waits
+    /// for the Deployments taking over is not among them, and its workers keep taking jobs until
+    /// their replacements are ready. Empty when the operator does not drain.
     pub(super) shrinks: Vec<Shrink>,
     /// What to write before any shrinking Deployment's Pod is asked anything: the step with every
     /// shrink held. `None` when nothing is to shrink (the step goes out in one write).
@@ -157,9 +159,10 @@ pub(super) fn rollout(
     let shrinks = roles
         .iter()
         .zip(&counts)
+        .zip(&step_now.apply)
         .filter(|_| rules.drain)
-        .filter_map(|((name, role, _), c)| {
-            let live = c.live.filter(|live| c.target < *live)?;
+        .filter_map(|(((name, role, _), c), now)| {
+            let live = c.live.filter(|live| c.target < *live && *now < *live)?;
             Some(Shrink {
                 deployment: name.clone(),
                 live,
@@ -182,7 +185,8 @@ pub(super) fn rollout(
         }
     }
     let shrinking_now = rules.rank && !shrinking(pool, live, &step).is_empty();
-    let growth = (!shrinks.is_empty() || shrinking_now).then(|| hold(pool, live, &step, |_| true));
+    let shrink_decided = rules.drain && counts.iter().any(|c| c.live.is_some_and(|l| c.target < l));
+    let growth = (shrink_decided || shrinking_now).then(|| hold(pool, live, &step, |_| true));
     Rollout {
         step,
         waiting: step_now.waiting,

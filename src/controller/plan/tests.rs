@@ -70,22 +70,18 @@ fn growth_goes_out_alone_before_anything_of_a_shrinking_deployment() {
         replicas(3, 9),
         "the reserve grows at once, shared waits"
     );
-    assert_eq!(
-        rollout.shrinks,
-        [Shrink {
-            deployment: "jobs-shared".into(),
-            live: 9,
-            to: 7,
-            lanes: vec!["urgent".into(), "batch".into()],
-        }]
+    assert!(
+        rollout.shrinks.is_empty(),
+        "shared waits for the new reserve, its workers taking jobs meanwhile"
     );
 }
 
 #[test]
-fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_drains_meanwhile() {
+fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_only_then_drains() {
     let now = replicas(1, 9);
     let decided = replicas(3, 7);
-    // The reserve grows 1 → 3: the shared shrink waits for it, and its drain starts meanwhile.
+    // The reserve grows 1 → 3: the shared shrink waits for it, its workers taking jobs until
+    // their replacements are ready.
     let first = rollout(
         &pool(),
         &live(&now, &now),
@@ -96,10 +92,10 @@ fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_drains_meanwhile() 
     );
     assert!(first.waiting);
     assert_eq!(first.step, replicas(3, 9));
-    assert_eq!(
-        first.shrinks.len(),
-        1,
-        "the drain starts while the surge waits"
+    assert!(
+        first.shrinks.is_empty(),
+        "no drain while the surge waits: {:?}",
+        first.shrinks
     );
     assert_eq!(
         first.taking_over,
@@ -122,6 +118,7 @@ fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_drains_meanwhile() 
     );
     assert!(waiting.waiting);
     assert_eq!(waiting.step, grown);
+    assert!(waiting.shrinks.is_empty());
     // Ready: the shrink may go.
     let ready = live(&grown, &grown);
     let go = rollout(
@@ -134,6 +131,16 @@ fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_drains_meanwhile() 
     );
     assert!(!go.waiting);
     assert_eq!(go.step, decided);
+    assert_eq!(
+        go.shrinks,
+        [Shrink {
+            deployment: "jobs-shared".into(),
+            live: 9,
+            to: 7,
+            lanes: vec!["urgent".into(), "batch".into()],
+        }],
+        "the drain starts once the replacements are ready"
+    );
     // Never ready: the surge's timeout ends the wait.
     let over = Surge {
         waited: Some(TIMEOUT),
@@ -149,6 +156,7 @@ fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_drains_meanwhile() 
     );
     assert!(!timed_out.waiting);
     assert_eq!(timed_out.step, decided);
+    assert_eq!(timed_out.shrinks.len(), 1, "and once the surge timed out");
 }
 
 #[test]
@@ -302,11 +310,8 @@ fn a_removed_lanes_deployment_leaves_the_way_a_shrink_does() {
         [("jobs-critical-reserved".to_string(), 2, 2)]
     );
     assert!(
-        first
-            .shrinks
-            .iter()
-            .any(|s| s.deployment == "jobs-critical-reserved" && s.to == 0),
-        "and drain meanwhile: {:?}",
+        first.shrinks.is_empty(),
+        "and take jobs meanwhile: {:?}",
         first.shrinks
     );
     let release = first.release(&pool(), &live, &BTreeSet::new(), DRAIN_AND_RANK);
@@ -346,6 +351,13 @@ fn a_removed_lanes_deployment_leaves_the_way_a_shrink_does() {
         DRAIN_AND_RANK,
     );
     assert!(!next.waiting);
+    assert!(
+        next.shrinks
+            .iter()
+            .any(|s| s.deployment == "jobs-critical-reserved" && s.to == 0),
+        "then drain: {:?}",
+        next.shrinks
+    );
     let drained = BTreeSet::from(["jobs-critical-reserved".to_string()]);
     let holding = next.release(&pool(), &grown, &drained, DRAIN_AND_RANK);
     assert_eq!(
