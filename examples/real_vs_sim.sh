@@ -7,6 +7,7 @@
 # completions per second, real beside simulated. About 3 minutes a row.
 #   ./examples/real_vs_sim.sh                  # 30/s, the default pool and static 1, 2, 3
 #   RATE=60 POOLS="default 2 3 4" ./examples/real_vs_sim.sh
+#   PROFILE=0s=30,50s=150,70s=30,110s=150,130s=30 ./examples/real_vs_sim.sh   # spikes: resizes
 #   ./examples/real_vs_sim.sh table            # the table again from the logs of the last runs
 #
 # The real waits are exact: every take's wait from the lane queue's job log (`--job-log`), not
@@ -21,10 +22,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 rate=${RATE:-30}
+# The urgent rate over the run (the demo's URGENT_PROFILE); the simulator runs it from the end of
+# the warm-up on.
+profile=${PROFILE:-0s=$rate,30s=$rate}
 pools=${POOLS:-default 1 2 3} # default: the sized pool; N: a static split of N reserved
 duration=${DURATION:-150}
 seeds=${SIM_SEEDS:-1 2 3 4 5}
 warm_up=30
+# The profile from the warm-up's end: each step moved back by it, the one in force then at 0 s.
+sim_profile=$(echo "$profile" | tr ',' '\n' | awk -F= -v w="$warm_up" '
+  { t = $1; sub(/s$/, "", t); t -= w; if (t <= 0) { first = $2 } else { rest = rest "," t "s=" $2 } }
+  END { print "0s=" first rest }')
 dir=target/real-vs-sim
 mkdir -p "$dir"
 MODE=${1:-}
@@ -40,7 +48,7 @@ simulated() { # urgent-ms batch-ms handoff-ms extra simulate flags...
   local urgent_ms=$1 batch_ms=$2 handoff_ms=$3
   shift 3
   for seed in $seeds; do
-    "$bin/lanepool" simulate --workers 10 --urgent-rate "$rate" --urgent-ms "$urgent_ms" \
+    "$bin/lanepool" simulate --workers 10 --urgent-profile "$sim_profile" --urgent-ms "$urgent_ms" \
       --batch-ms "$batch_ms" --handoff-ms "$handoff_ms" --backlog 100000000 \
       --duration "$((duration - warm_up))s" --arrivals poisson --output json --seed "$seed" \
       --scrape-interval 1s --scrape-delay 1s --pod-start 2s "$@" |
@@ -52,7 +60,7 @@ simulated() { # urgent-ms batch-ms handoff-ms extra simulate flags...
 real() { # RESERVE or empty
   local name=${1:-default}
   [ "${MODE:-}" = table ] && return
-  RESERVE=$1 URGENT_PROFILE="0s=$rate,${warm_up}s=$rate" DURATION=$duration DEMO_BIN=$bin \
+  RESERVE=$1 URGENT_PROFILE="$profile" DURATION=$duration DEMO_BIN=$bin \
     ./examples/demo.sh >"$dir/demo-$name.log" 2>&1
   cp target/demo/jobs.log "$dir/jobs-$name.log"
 }
@@ -85,7 +93,8 @@ exact() { # name
       if ($3 == "urgent") { ran += $5; urgent++ } else { over += $5 - $4 * 1000; batch++ }
       handoff += $7 - $5; rounds++
     }
-    END { printf "%.2f %.2f %.2f\n", ran / urgent / 1000, over / batch / 1000, handoff / rounds / 1000 }' "$log"
+    $1 == "round" && $2 >= from && $2 < to && $3 != "urgent" { done++ }
+    END { printf "%.2f %.2f %.2f %.1f\n", ran / urgent / 1000, over / batch / 1000, handoff / rounds / 1000, done / (to - from) }' "$log"
 }
 
 printf '%-9s  %9s  %19s  %9s  %9s  %9s  %8s  %8s  %8s  %s\n' "pool" "real p50" "real p99 (95 %)" \
@@ -97,7 +106,10 @@ row() { # name RESERVE sim-flags...
   local key=${reserve:-default}
   local hist_p99 real_batch p50 p99 low high n urgent_ms overrun handoff_ms
   read -r hist_p99 real_batch <<<"$(histogram "$key")"
-  { read -r p50 p99 low high n; read -r urgent_ms overrun handoff_ms; } <<<"$(exact "$key")"
+  local logged_batch
+  { read -r p50 p99 low high n; read -r urgent_ms overrun handoff_ms logged_batch; } <<<"$(exact "$key")"
+  # A profile of several phases has no one row for the whole window: the job log counts.
+  real_batch=${real_batch:-$logged_batch}
   local batch_ms
   batch_ms=$(awk -v o="$overrun" 'BEGIN { printf "%.2f..%.2f", 100 + o, 300 + o }')
   local before after
@@ -114,5 +126,5 @@ for pool in $pools; do
     row "static $pool" "$pool" --reserved "$pool"
   fi
 done
-echo "urgent jobs 20 ms at $rate/s (Poisson), 10 workers; waits from ${warm_up}s to ${duration}s; logs: $dir/"
+echo "urgent jobs 20 ms at $profile (Poisson), 10 workers; waits from ${warm_up}s to ${duration}s; logs: $dir/"
 echo "sim: nominal jobs, no hand-off; sim': the row's measured job times and hand-off; seeds $seeds"
