@@ -165,19 +165,30 @@ impl World {
             .items
     }
 
+    /// Each shared worker's answer at its metrics port, `None` for one not answering.
+    async fn shared_answers(&self) -> Vec<Option<String>> {
+        self.pods(SHARED)
+            .await
+            .iter()
+            .map(|pod| {
+                let ip = pod.status.as_ref()?.pod_ip.clone()?;
+                let (_, text) = http_get(format!("{ip}:9100").parse().ok()?, "/metrics").ok()?;
+                Some(text)
+            })
+            .collect()
+    }
+
     /// How long ago each shared worker's job started, `None` for one idle or not answering.
     async fn shared_job_ages(&self) -> Vec<Option<f64>> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();
-        self.pods(SHARED)
+        self.shared_answers()
             .await
-            .iter()
-            .map(|pod| {
-                let ip = pod.status.as_ref()?.pod_ip.clone()?;
-                let (_, gauges) = http_get(format!("{ip}:9100").parse().ok()?, "/metrics").ok()?;
-                let started = gauges
+            .into_iter()
+            .map(|text| {
+                let started = text?
                     .lines()
                     .find(|l| l.starts_with("lanepool_worker_job_started_timestamp_seconds{"))?
                     .rsplit(' ')
@@ -191,23 +202,16 @@ impl World {
 
     /// How many shared workers say a drain keeps them from taking jobs.
     async fn shared_draining(&self) -> usize {
-        let pods = self.pods(SHARED).await;
-        pods.iter()
-            .filter(|pod| {
-                let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-                    return false;
-                };
-                let Some(address) = format!("{ip}:9100").parse().ok() else {
-                    return false;
-                };
-                http_get(address, "/metrics").is_ok_and(|(_, gauges)| {
-                    gauges
-                        .lines()
-                        .filter(|l| !l.starts_with('#'))
-                        .filter_map(|l| l.strip_prefix("lanepool_worker_draining"))
-                        .any(|rest| rest.ends_with(" 1"))
-                })
-            })
+        let draining = |text: &str| {
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| l.strip_prefix("lanepool_worker_draining"))
+                .any(|rest| rest.ends_with(" 1"))
+        };
+        self.shared_answers()
+            .await
+            .iter()
+            .filter(|text| text.as_deref().is_some_and(draining))
             .count()
     }
 
