@@ -3,8 +3,8 @@
 //! alone whenever a Deployment is to shrink (draining and ranking never delay new workers); a
 //! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`), and only then
 //! are the workers it stops asked to drain (`drain.rs`), so they take jobs until their
-//! replacements can; each shrinking Deployment's Pods are ranked (`cost.rs`)
-//! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
+//! replacements can; each shrinking Deployment's Pods are ranked (`cost.rs`) just before it
+//! shrinks. `grace.rs` checks that a stopped worker can finish its job.
 
 pub(super) mod cost;
 pub(super) mod drain;
@@ -162,7 +162,8 @@ pub(super) fn rollout(
         .zip(&step_now.apply)
         .filter(|_| rules.drain)
         .filter_map(|(((name, role, _), c), now)| {
-            let live = c.live.filter(|live| c.target < *live && *now < *live)?;
+            // The step shrinks a Deployment only to its target, and only once the surge lets it.
+            let live = c.live.filter(|live| now < live)?;
             Some(Shrink {
                 deployment: name.clone(),
                 live,
@@ -185,7 +186,7 @@ pub(super) fn rollout(
         }
     }
     let shrinking_now = rules.rank && !shrinking(pool, live, &step).is_empty();
-    let shrink_decided = rules.drain && counts.iter().any(|c| c.live.is_some_and(|l| c.target < l));
+    let shrink_decided = rules.drain && counts.iter().any(surge::Counts::shrinks);
     let growth = (shrink_decided || shrinking_now).then(|| hold(pool, live, &step, |_| true));
     Rollout {
         step,

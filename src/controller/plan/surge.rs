@@ -26,6 +26,13 @@ pub struct Counts {
     pub takes_over: bool,
 }
 
+impl Counts {
+    /// Whether the decision shrinks this Deployment.
+    pub fn shrinks(&self) -> bool {
+        self.live.is_some_and(|live| self.target < live)
+    }
+}
+
 /// The counts to apply now, and whether a shrink is waiting for the others to be ready.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step {
@@ -35,13 +42,12 @@ pub struct Step {
 
 /// `waited`: how long shrinks have been waiting already (`None`: they were not waiting).
 pub fn step(deployments: &[Counts], waited: Option<Duration>, timeout: Duration) -> Step {
-    let shrinks = |c: &Counts| c.live.is_some_and(|live| c.target < live);
     let others_ready = deployments
         .iter()
-        .filter(|c| !shrinks(c) && c.takes_over)
+        .filter(|c| !c.shrinks() && c.takes_over)
         .all(|c| c.ready >= c.target);
     let timed_out = waited.unwrap_or_default() >= timeout;
-    let waiting = deployments.iter().any(shrinks) && !others_ready && !timed_out;
+    let waiting = deployments.iter().any(Counts::shrinks) && !others_ready && !timed_out;
     let apply = deployments
         .iter()
         .map(|c| match c.live {
