@@ -257,10 +257,35 @@ fn bad_flags_are_refused_with_the_flag_named() {
         ("--autoscale --headroom 0", "--headroom"),
         ("--duration 0", "--duration"),
         ("--arrivals sometimes", "--arrivals"),
+        ("--warm-up 8s", "--warm-up"),
+        ("--warm-up 1.5s", "--warm-up"),
+        ("--autoscale --warm-up 3s", "--warm-up"),
     ] {
         let err = flags(line).expect_err(line);
         assert!(err.contains(flag), "{line}: {err}");
     }
+}
+
+#[test]
+fn a_warm_up_counts_the_same_run_from_its_end() {
+    // A spike for the first 2 s that one reserved worker cannot serve alone; calm by 4 s.
+    let run = "--urgent-profile 0s=150,2s=20 --reserved 1 --duration 8s --arrivals poisson";
+    let json = |extra: &str| -> serde_json::Value {
+        let out = flags(&format!("{run} --output json {extra}")).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let (whole, after) = (json(""), json("--warm-up 4s"));
+    let urgent = |v: &serde_json::Value, key: &str| v["urgent"][key].as_f64().unwrap_or(f64::NAN);
+    // The same arrivals: 4 s at 20/s are about 80 of them; the spike's came in the warm-up.
+    let counted = urgent(&after, "submitted");
+    assert!((50.0..120.0).contains(&counted), "{after}");
+    assert!(urgent(&whole, "submitted") > counted + 300.0, "{whole}");
+    assert!(
+        urgent(&after, "p99_ms") < urgent(&whole, "p99_ms"),
+        "{whole} {after}"
+    );
+    let text = flags(&format!("{run} --warm-up 4s")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(text.contains("8 s, counted after 4 s"), "{text}");
 }
 
 #[test]

@@ -90,6 +90,12 @@ pub struct SimulateArgs {
     /// Length of the run: urgent jobs are submitted and completions counted within it.
     #[arg(long, default_value = "8s", value_parser = duration::flag)]
     pub duration: Duration,
+    /// Leave out the run's first part: the figures count urgent jobs completed and batch jobs
+    /// finished after it, per second of what is left. The run still starts at 0 s on the whole
+    /// --urgent-profile, so a real run with the same seed and a warm-up gets the same
+    /// arrivals. A whole number of --window, shorter than --duration.
+    #[arg(long, default_value = "0s", value_parser = duration::flag)]
+    pub warm_up: Duration,
     #[arg(long, value_enum, default_value = "even")]
     pub arrivals: ArrivalsArg,
     #[arg(long, default_value_t = 1)]
@@ -328,6 +334,17 @@ impl SimulateArgs {
             self.duration.as_secs_f64() / window.as_secs_f64() <= 1e6,
             "--window",
             || "too small for --duration: more than a million windows".into(),
+        )?;
+        check(
+            self.warm_up < self.duration && nanos(self.warm_up) % nanos(window) == 0,
+            "--warm-up",
+            || {
+                format!(
+                    "{}s must be shorter than --duration and a whole number of --window ({}s)",
+                    duration::trim(self.warm_up.as_secs_f64()),
+                    duration::trim(window.as_secs_f64()),
+                )
+            },
         )?;
         Ok(Scenario {
             arrangement,

@@ -90,8 +90,9 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     if let Some(path) = &args.plot {
         write(path, &plot::svg(&outcome))?;
     }
+    let from = engine::scenario::nanos(args.warm_up);
     Ok(match args.output {
-        OutputArg::Json => render::json(&outcome),
-        OutputArg::Text => render::text(&scenario, &outcome),
+        OutputArg::Json => render::json(&outcome, from),
+        OutputArg::Text => render::text(&scenario, &outcome, from),
     })
 }

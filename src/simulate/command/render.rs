@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::duration::trim;
 use crate::simulate::engine::outcome::{Outcome, Summary};
-use crate::simulate::engine::scenario::Scenario;
+use crate::simulate::engine::scenario::{Nanos, Scenario};
 
 #[derive(Serialize)]
 struct Json {
@@ -41,8 +41,9 @@ fn round(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
-pub fn json(outcome: &Outcome) -> String {
-    let s = outcome.summary();
+/// The run's figures from `from` on (`--warm-up`).
+pub fn json(outcome: &Outcome, from: Nanos) -> String {
+    let s = outcome.summary_from(from);
     let object = Json {
         urgent: UrgentJson {
             submitted: s.urgent_submitted,
@@ -55,8 +56,8 @@ pub fn json(outcome: &Outcome) -> String {
             throughput_per_s: round(s.batch_per_second),
         },
         reserve: outcome.autoscaled.then(|| ReserveJson {
-            mean: round(outcome.mean_reserve(0, outcome.duration)),
-            changes: outcome.reserve_changes(),
+            mean: round(outcome.mean_reserve(from, outcome.duration)),
+            changes: outcome.reserve_changes_from(from),
         }),
     };
     serde_json::to_string(&object).unwrap_or_default()
@@ -70,11 +71,16 @@ pub fn latency(summary: &Summary) -> String {
     }
 }
 
-pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
-    let s = outcome.summary();
+pub fn text(scenario: &Scenario, outcome: &Outcome, from: Nanos) -> String {
+    let s = outcome.summary_from(from);
+    let counted = if from > 0 {
+        format!(", counted after {} s", trim(from as f64 / 1e9))
+    } else {
+        String::new()
+    };
     let mut lines = vec![
         format!(
-            "{} workers, {}, {} s",
+            "{} workers, {}, {} s{counted}",
             scenario.workers,
             scenario.arrangement.name(),
             trim(outcome.duration as f64 / 1e9)
@@ -94,8 +100,8 @@ pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
     if outcome.autoscaled {
         lines.push(format!(
             "reserve: mean {}, {} changes",
-            trim(outcome.mean_reserve(0, outcome.duration)),
-            outcome.reserve_changes()
+            trim(outcome.mean_reserve(from, outcome.duration)),
+            outcome.reserve_changes_from(from)
         ));
     }
     lines.join("\n")

@@ -85,11 +85,26 @@ pub struct SeriesPoint {
 
 impl Outcome {
     pub fn summary(&self) -> Summary {
+        self.summary_from(0)
+    }
+
+    /// The headline figures from `from` on, a whole number of windows into the run (rounded
+    /// down): the urgent jobs submitted and completed after it, the batch jobs finished after it
+    /// and their rate over what is left of the run. A real run's warm-up is left out this way.
+    pub fn summary_from(&self, from: Nanos) -> Summary {
+        let skipped = usize::try_from(from / self.window.max(1))
+            .unwrap_or(usize::MAX)
+            .min(self.windows.len());
+        let before = &self.windows[..skipped];
+        let done = before.iter().map(|w| w.urgent_completed).sum::<u64>() as usize;
+        let submitted: u64 = before.iter().map(|w| w.urgent_submitted).sum();
+        let batch: u64 = before.iter().map(|w| w.batch_completed).sum();
+        let start = (skipped as u64 * self.window).min(self.duration);
         summarize(
-            &self.urgent_latencies,
-            self.urgent_submitted,
-            self.batch_completed,
-            self.duration,
+            &self.urgent_latencies[done.min(self.urgent_latencies.len())..],
+            self.urgent_submitted.saturating_sub(submitted),
+            self.batch_completed.saturating_sub(batch),
+            self.duration - start,
         )
     }
 
@@ -111,7 +126,13 @@ impl Outcome {
 
     /// How many times the reserve changed.
     pub fn reserve_changes(&self) -> usize {
-        self.reserve_steps.len().saturating_sub(1)
+        self.reserve_changes_from(0)
+    }
+
+    /// How many times the reserve changed at or after `from`.
+    pub fn reserve_changes_from(&self, from: Nanos) -> usize {
+        let steps = self.reserve_steps.iter().skip(1);
+        steps.filter(|(at, _)| *at >= from).count()
     }
 
     pub fn series(&self) -> Vec<SeriesPoint> {
@@ -166,5 +187,37 @@ mod tests {
         };
         assert_eq!(outcome.mean_reserve(0, 60), 2.0);
         assert_eq!(outcome.reserve_changes(), 1);
+        assert_eq!(outcome.reserve_changes_from(30), 1);
+        assert_eq!(outcome.reserve_changes_from(31), 0);
+    }
+
+    #[test]
+    fn a_warm_up_leaves_out_its_windows() {
+        const S: Nanos = 1_000_000_000;
+        let counts = |urgent_submitted, urgent_completed, batch_completed| WindowCounts {
+            urgent_submitted,
+            urgent_completed,
+            batch_completed,
+        };
+        // Two slow jobs done in the first 10 s window, then fast ones.
+        let outcome = Outcome {
+            duration: 30 * S,
+            window: 10 * S,
+            urgent_submitted: 5,
+            urgent_latencies: [90, 80, 1, 2, 3].map(|ms| ms * S / 1000).to_vec(),
+            batch_completed: 60,
+            windows: vec![counts(2, 2, 40), counts(2, 2, 10), counts(1, 1, 10)],
+            ..Outcome::default()
+        };
+        assert_eq!(outcome.summary_from(0), outcome.summary());
+        assert_eq!(outcome.summary().p99_ms, Some(90.0));
+        let after = outcome.summary_from(10 * S);
+        assert_eq!(
+            (after.urgent_submitted, after.urgent_completed, after.p99_ms),
+            (3, 3, Some(3.0))
+        );
+        assert_eq!((after.batch_completed, after.batch_per_second), (20, 1.0));
+        // Within a window: from its start.
+        assert_eq!(outcome.summary_from(15 * S), after);
     }
 }

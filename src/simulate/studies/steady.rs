@@ -10,7 +10,6 @@ use super::in_parallel;
 use crate::duration::human_seconds;
 use crate::simulate::engine::arrivals::ArrivalKind;
 use crate::simulate::engine::autoscale::lanepool_defaults;
-use crate::simulate::engine::outcome::{millis, percentile};
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::rng::Pcg32;
 use crate::simulate::engine::run;
@@ -148,13 +147,12 @@ impl Measured {
 pub fn measure(cell: Cell, seed: u64) -> Measured {
     let scenario = cell.scenario(seed);
     let outcome = run(&scenario);
+    // The first window is the warm-up.
     let warm_up = scenario.window;
-    let skipped = outcome.windows.first().map_or(0, |w| w.urgent_completed) as usize;
-    let mut latencies =
-        outcome.urgent_latencies[skipped.min(outcome.urgent_latencies.len())..].to_vec();
-    latencies.sort_unstable();
-    let wait_p99_ms = percentile(&latencies, 99.0)
-        .map_or(f64::INFINITY, |p| millis(p) - cell.job_ms)
+    let after = outcome.summary_from(warm_up);
+    let wait_p99_ms = after
+        .p99_ms
+        .map_or(f64::INFINITY, |p| p - cell.job_ms)
         .max(0.0);
     let sizing = &scenario
         .autoscale
@@ -177,18 +175,11 @@ pub fn measure(cell: Cell, seed: u64) -> Measured {
     let needed = wait_within_job_time(cell.rate(), cell.job_ms / 1e3, sizing.headroom, Some(help))
         .unwrap_or(i32::MAX);
     let most = sizing.lanes.first().map_or(0, |lane| lane.max);
-    let batch_after: u64 = outcome
-        .windows
-        .iter()
-        .skip(1)
-        .map(|w| w.batch_completed)
-        .sum();
-    let counted = outcome.duration.saturating_sub(warm_up).max(1);
     Measured {
         cell,
         wait_p99_ms,
         reserve: outcome.mean_reserve(warm_up, outcome.duration),
-        batch_per_second: batch_after as f64 / (counted as f64 / 1e9),
+        batch_per_second: after.batch_per_second,
         changes: outcome
             .reserve_steps
             .iter()
