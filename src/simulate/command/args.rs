@@ -336,7 +336,7 @@ impl SimulateArgs {
             || "too small for --duration: more than a million windows".into(),
         )?;
         check(
-            self.warm_up < self.duration && nanos(self.warm_up) % nanos(window) == 0,
+            self.warm_up < self.duration && nanos(self.warm_up).is_multiple_of(nanos(window)),
             "--warm-up",
             || {
                 format!(
