@@ -260,6 +260,7 @@ fn bad_flags_are_refused_with_the_flag_named() {
         ("--warm-up 8s", "--warm-up"),
         ("--warm-up 1.5s", "--warm-up"),
         ("--autoscale --warm-up 3s", "--warm-up"),
+        ("--suite --steady --pod-start 2s", "--pod-start"),
     ] {
         let err = flags(line).expect_err(line);
         assert!(err.contains(flag), "{line}: {err}");
@@ -403,4 +404,21 @@ fn suite_shapes_choose_from_the_set_and_name_the_flag_when_unknown() {
         Flags::try_parse_from(["simulate", "--suite-shapes", "busy"]).is_err(),
         "needs --suite"
     );
+}
+
+#[test]
+fn the_suite_runs_in_the_world_its_pod_start_names() {
+    let run = "--suite --suite-shapes spikes-20s --suite-seeds 1 --workers 4";
+    let usual = flags(run).unwrap_or_else(|e| panic!("{e}"));
+    let fast = flags(&format!("{run} --pod-start 1s")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        usual.contains(" 4 workers: mean margin"),
+        "the simulator's own world is not named: {usual}"
+    );
+    assert!(
+        fast.contains(" 4 workers, pods starting in 1 s: mean margin"),
+        "{fast}"
+    );
+    let row = |table: &str| table.lines().nth(1).unwrap_or_default().to_string();
+    assert_ne!(row(&usual), row(&fast), "the pod start changed nothing");
 }

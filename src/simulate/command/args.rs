@@ -200,7 +200,8 @@ pub struct SimulateArgs {
     /// Age of Prometheus's newest sample when the operator asks.
     #[arg(long, default_value = "15s", value_parser = duration::flag)]
     pub scrape_delay: Duration,
-    /// From a role change (or a new pod) to the worker taking jobs.
+    /// From a role change (or a new pod) to the worker taking jobs; with `--suite`, the world
+    /// its default pools run in.
     #[arg(long, default_value = "10s", value_parser = duration::flag)]
     pub pod_start: Duration,
     /// Whether the operator reads the workers' own finished-job counts each interval, as it

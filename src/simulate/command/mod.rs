@@ -29,6 +29,17 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         return Ok(bench::run());
     }
     if args.suite && args.steady {
+        if engine::scenario::nanos(args.pod_start) != engine::autoscale::POD_START {
+            let world =
+                crate::duration::trim(engine::scenario::seconds(engine::autoscale::POD_START));
+            return Err(SimulateError::flag(
+                "--pod-start",
+                format!(
+                    "--suite --steady runs each pool in the simulator's world (a {world}s pod \
+                     start); --pod-start applies to --suite and single runs"
+                ),
+            ));
+        }
         return Ok(steady::table());
     }
     if args.suite {
@@ -65,11 +76,12 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
                 args.suite_seeds.clone()
             },
         };
-        return Ok(suite::table(
-            &set,
-            suite::DURATION,
-            &crate::simulate::engine::autoscale::lanepool_defaults(args.workers),
-        ));
+        // The pool is a default LanePool; the world's pod start is the user's to state.
+        let config = engine::scenario::Autoscale {
+            pod_start: engine::scenario::nanos(args.pod_start),
+            ..engine::autoscale::lanepool_defaults(args.workers)
+        };
+        return Ok(suite::table(&set, suite::DURATION, &config));
     }
     if args.trade_off {
         let scenario = SimulateArgs {

@@ -159,10 +159,14 @@ pub fn lanepool_defaults(workers: u32) -> Autoscale {
         scrape_interval: SCRAPE_INTERVAL,
         job_time_window: nanos(crate::prometheus::DEFAULT_JOB_TIME_WINDOW),
         scrape_delay: 15_000_000_000,
-        pod_start: 10_000_000_000,
+        pod_start: POD_START,
         worker_reads: true,
     }
 }
+
+/// From a role change (or a new pod) decided to the worker taking jobs, in the simulator's world
+/// unless told otherwise (`--pod-start`).
+pub const POD_START: Nanos = 10_000_000_000;
 
 /// Prometheus's usual scrape interval: the recent arrival rate spans one.
 pub const SCRAPE_INTERVAL: Nanos = 15_000_000_000;

@@ -8,10 +8,11 @@ use super::in_parallel;
 use super::tradeoff::{Oracle, Point, frontier, static_splits};
 use crate::duration::trim;
 use crate::simulate::engine::arrivals::ArrivalKind;
+use crate::simulate::engine::autoscale::POD_START;
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::rng::Pcg32;
 use crate::simulate::engine::run;
-use crate::simulate::engine::scenario::{Arrangement, Autoscale, QUEUE_HANDOFF, Scenario};
+use crate::simulate::engine::scenario::{Arrangement, Autoscale, QUEUE_HANDOFF, Scenario, seconds};
 
 /// Seeds every profile is run with.
 pub const SEEDS: [u64; 3] = [1, 2, 3];
@@ -414,8 +415,16 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
     let share = mean(rows.iter().map(Row::mean_oracle_share));
     let ceiling = mean(rows.iter().map(Row::mean_ceiling));
     let below = rows.iter().filter(|r| r.worst_margin() < 0.0).count();
+    let world = if config.pod_start == POD_START {
+        String::new()
+    } else {
+        format!(
+            ", pods starting in {}",
+            trim(seconds(config.pod_start)) + " s"
+        )
+    };
     lines.push(format!(
-        "\n{} profiles × {} seeds, {} each, {} workers: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average, whose own mean margin (the ceiling) is {}",
+        "\n{} profiles × {} seeds, {} each, {} workers{world}: mean margin {}, worst seed {}, {below} profiles with a seed below the static frontier; {}% of the oracle's batch throughput at equal p99 on average, whose own mean margin (the ceiling) is {}",
         rows.len(),
         set.seeds.len(),
         trim(duration.as_secs_f64() / 60.0) + " min",
