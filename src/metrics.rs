@@ -35,6 +35,7 @@ pub struct Metrics {
     worker_reads_rejected: Family<Labels, Counter>,
     worker_request_wait: Histogram,
     worker_request_duration: Histogram,
+    surge_duration: Histogram,
 }
 
 impl Default for Metrics {
@@ -63,6 +64,8 @@ impl Default for Metrics {
                 std::iter::once(0.0).chain(exponential_buckets(0.0005, 2.0, 14)),
             ),
             worker_request_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            // 1/8 s up to about 4 minutes, past the default surge timeout of 2m.
+            surge_duration: Histogram::new(exponential_buckets(0.125, 2.0, 12)),
             registry: Registry::default(),
         };
         registry.register(
@@ -148,6 +151,12 @@ impl Default for Metrics {
             "Time a request to a worker Pod took once sent, answered or not",
             metrics.worker_request_duration.clone(),
         );
+        registry.register(
+            "surge_duration_seconds",
+            "From a role change decided to the growing Deployments ready (or the surge timeout): \
+             the pod start that `lanepool simulate --suite --pod-start` asks for",
+            metrics.surge_duration.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -178,6 +187,11 @@ impl Metrics {
         if let Some(took) = took {
             self.worker_request_duration.observe(took.as_secs_f64());
         }
+    }
+
+    /// A role change's surge over after `waited`: its growing Deployments ready, or timed out.
+    pub fn surge_ended(&self, waited: Duration) {
+        self.surge_duration.observe(waited.as_secs_f64());
     }
 
     pub fn reconcile_failed(&self, error: &'static str) {

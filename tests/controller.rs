@@ -908,6 +908,20 @@ async fn a_spike_grows_the_reserve_before_shared_shrinks_and_it_is_back_within_t
         "{growing:?}"
     );
     assert!(growing.iter().all(|(r, s)| r + s >= 10), "{growing:?}");
+    // Each role change's surge is measured: its reserved Pods took their 3 s to be ready.
+    let text = world.operator.as_ref().unwrap().metrics().render();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let surges = value("lanepool_operator_surge_duration_seconds_count");
+    let waited = value("lanepool_operator_surge_duration_seconds_sum");
+    assert!(surges >= 1.0, "no surge measured:\n{text}");
+    assert!(
+        (3.0..40.0).contains(&(waited / surges)),
+        "{surges} surges waited {waited} s"
+    );
     world
         .until(10, "a Scaled event from the recent rate", || async {
             world.events().await.iter().any(|(reason, note)| {

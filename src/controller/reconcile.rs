@@ -151,7 +151,7 @@ impl Walk<'_> {
         let surge = memory.surge(now);
         let rollout = plan::rollout(pool, &live, &target, own, &surge, rules);
         let surge_ended = memory.surging(&rollout, now);
-        log_surge_end(surge_ended, ctx.settings.surge_timeout);
+        surge_end(ctx, surge_ended);
         let last = memory.applied.clone().or(start.current.clone());
         let deployments = apply::Deployments::new(pool, ctx, &live, last);
         // Apply the growth, alone, before any shrinking Deployment's Pod is asked anything.
@@ -339,12 +339,13 @@ fn rules(ctx: &Context) -> Rules {
     }
 }
 
-fn log_surge_end(waited: Option<Duration>, timeout: Duration) {
+fn surge_end(ctx: &Context, waited: Option<Duration>) {
     let Some(waited) = waited else {
         return;
     };
+    ctx.metrics.surge_ended(waited);
     let waited_ms = waited.as_millis() as u64;
-    if waited >= timeout {
+    if waited >= ctx.settings.surge_timeout {
         info!(
             waited_ms,
             "surge timed out: the shrinking Deployments may shrink"
