@@ -249,6 +249,8 @@ fn autoscale(
         scrape_delay: nanos(world.scrape_interval),
         pod_start: nanos(world.pod_start),
         worker_reads,
+        // Both ask the workers at their metrics port.
+        stand_ins: worker_reads,
     })
 }
 

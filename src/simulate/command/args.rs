@@ -208,6 +208,11 @@ pub struct SimulateArgs {
     /// does when they serve them at their `metrics` port (the default); false: Prometheus only.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub worker_reads: bool,
+    /// Whether the workers a role change replaces stand in for the new ones until those are
+    /// ready, as the operator asks workers that serve a `metrics` port (the default); false:
+    /// they keep their old role until then.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub stand_ins: bool,
 }
 
 fn check(
@@ -459,6 +464,7 @@ impl SimulateArgs {
             scrape_delay: nanos(self.scrape_delay),
             pod_start: nanos(self.pod_start),
             worker_reads: self.worker_reads,
+            stand_ins: self.stand_ins,
         })
     }
 }

@@ -79,6 +79,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         // The pool is a default LanePool; the world's pod start is the user's to state.
         let config = engine::scenario::Autoscale {
             pod_start: engine::scenario::nanos(args.pod_start),
+            stand_ins: args.stand_ins,
             ..engine::autoscale::lanepool_defaults(args.workers)
         };
         return Ok(suite::table(&set, suite::DURATION, &config));

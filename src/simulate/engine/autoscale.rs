@@ -161,6 +161,7 @@ pub fn lanepool_defaults(workers: u32) -> Autoscale {
         scrape_delay: 15_000_000_000,
         pod_start: POD_START,
         worker_reads: true,
+        stand_ins: true,
     }
 }
 

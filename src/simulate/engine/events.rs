@@ -9,7 +9,7 @@ use super::arrivals::Arrivals;
 use super::autoscale::Control;
 use super::observe::Counters;
 use super::outcome::{Outcome, WindowCounts};
-use super::pool::{LaneKind, Lanes, Pool, State};
+use super::pool::{LaneKind, Lanes, Moved, Pool, State};
 use super::rng::Pcg32;
 use super::scenario::{Nanos, Preference, Scenario, seconds};
 use crate::sizing::PoolSize;
@@ -170,9 +170,7 @@ impl<'a> Engine<'a> {
             }
             State::HandingOff => self.take_work(id, at),
             State::Starting => {
-                if let Some(replaced) = self.pool.workers[id].replaces.take() {
-                    self.pool.remove(replaced, 1);
-                }
+                self.pool.replace(id);
                 self.take_work(id, at)
             }
             // A departed worker's start-up that no longer matters.
@@ -237,29 +235,40 @@ impl<'a> Engine<'a> {
         let reserve = reserve as usize;
         let current = self.pool.target(Preference::UrgentOnly);
         let unreserved = self.scenario.arrangement.unreserved_role();
-        let starting = match size {
-            PoolSize::Budget { .. } if reserve > current => {
-                self.pool
-                    .surge(unreserved, Preference::UrgentOnly, reserve - current)
-            }
-            PoolSize::Budget { .. } => {
-                self.pool
-                    .surge(Preference::UrgentOnly, unreserved, current - reserve)
-            }
+        let stand_in = control.config.stand_ins;
+        let moved = match size {
+            PoolSize::Budget { .. } if reserve > current => self.pool.surge(
+                unreserved,
+                Preference::UrgentOnly,
+                reserve - current,
+                stand_in,
+            ),
+            PoolSize::Budget { .. } => self.pool.surge(
+                Preference::UrgentOnly,
+                unreserved,
+                current - reserve,
+                stand_in,
+            ),
             PoolSize::Shared { .. } if reserve > current => {
                 let kept = self.pool.keep(Preference::UrgentOnly, reserve - current);
-                (kept..reserve - current)
-                    .map(|_| self.pool.add(Preference::UrgentOnly, State::Starting))
-                    .collect()
+                Moved {
+                    starting: (kept..reserve - current)
+                        .map(|_| self.pool.add(Preference::UrgentOnly, State::Starting))
+                        .collect(),
+                    woken: Vec::new(),
+                }
             }
             PoolSize::Shared { .. } => {
                 self.pool.remove(Preference::UrgentOnly, current - reserve);
-                Vec::new()
+                Moved::default()
             }
         };
         let ready = at + self.pod_start();
-        for id in starting {
+        for id in moved.starting {
             self.schedule(ready, id);
+        }
+        for id in moved.woken {
+            self.take_work(id, at);
         }
     }
 }

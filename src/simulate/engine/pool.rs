@@ -1,6 +1,7 @@
 //! The workers and the two lanes: who is idle, who is busy with what, and how workers move
-//! between roles (a new worker starts, and the one it replaces leaves once it is ready) or
-//! leave. No clock of its own: the engine tells it the time and schedules what it returns.
+//! between roles (a new worker starts, and the one it replaces leaves once it is ready; meanwhile
+//! the replaced one may stand in for it) or leave. No clock of its own: the engine tells it the
+//! time and schedules what it returns.
 
 use std::collections::VecDeque;
 
@@ -34,6 +35,11 @@ pub struct Worker {
     pub leaving: bool,
     /// A new worker that, once ready, takes the place of one worker of this role (a surge).
     pub replaces: Option<Preference>,
+    /// The worker of the replaced role standing in for this starting one: it leaves when this
+    /// one is ready.
+    pub stood_in_by: Option<usize>,
+    /// Serves `role`, not its own, until the worker it stands in for is ready; then leaves.
+    pub standing_in: bool,
     pub state: State,
     /// Urgent jobs finished since the operator last read this worker's count.
     pub unread_urgent: u32,
@@ -73,6 +79,14 @@ impl Lanes {
     }
 }
 
+/// What a surge set moving: the workers that start up, and the idle ones whose role changed
+/// (they look for work in their new role at once).
+#[derive(Debug, Default)]
+pub struct Moved {
+    pub starting: Vec<usize>,
+    pub woken: Vec<usize>,
+}
+
 #[derive(Debug, Default)]
 pub struct Pool {
     pub workers: Vec<Worker>,
@@ -86,6 +100,8 @@ impl Pool {
             role,
             leaving: false,
             replaces: None,
+            stood_in_by: None,
+            standing_in: false,
             state,
             unread_urgent: 0,
         });
@@ -123,22 +139,37 @@ impl Pool {
             .count()
     }
 
-    /// Workers committed to `role` once every surge under way is over: those replaced by a
-    /// starting worker are not counted.
+    /// Workers committed to `role` once every surge under way is over: those standing in, and
+    /// those a starting worker replaces without a stand-in, are not counted.
     pub fn target(&self, role: Preference) -> usize {
+        let standing_in = self
+            .workers
+            .iter()
+            .filter(|w| w.committed() == Some(role) && w.standing_in)
+            .count();
         let replaced = self
             .workers
             .iter()
-            .filter(|w| w.committed().is_some() && w.replaces == Some(role))
+            .filter(|w| {
+                w.committed().is_some() && w.replaces == Some(role) && w.stood_in_by.is_none()
+            })
             .count();
-        self.count(role).saturating_sub(replaced)
+        self.count(role).saturating_sub(standing_in + replaced)
     }
 
     /// Moves `how_many` workers from `from` to `to` without ever lowering either role's capacity
-    /// first (a surge): a surge under way the other way is cancelled, otherwise a new `to`
-    /// worker starts, and one `from` worker leaves only when it is ready. Returns the workers
-    /// that must now start up.
-    pub fn surge(&mut self, from: Preference, to: Preference, how_many: usize) -> Vec<usize> {
+    /// first (a surge): a surge under way the other way is cancelled (its stand-ins go back to
+    /// their own role), otherwise a new `to` worker starts, and one `from` worker leaves only
+    /// when it is ready. With `stand_in`, that `from` worker serves as a `to` worker meanwhile
+    /// (idle ones first): the operator's `POST /stand-in`.
+    pub fn surge(
+        &mut self,
+        from: Preference,
+        to: Preference,
+        how_many: usize,
+        stand_in: bool,
+    ) -> Moved {
+        let mut moved = Moved::default();
         let mut left = how_many;
         for id in (0..self.workers.len()).rev() {
             let w = &self.workers[id];
@@ -148,16 +179,85 @@ impl Pool {
                 && w.replaces == Some(to)
             {
                 self.workers[id].state = State::Gone;
+                if let Some(stand_in) = self.workers[id].stood_in_by.take()
+                    && self.workers[stand_in].committed().is_some()
+                {
+                    self.workers[stand_in].standing_in = false;
+                    self.change_role(stand_in, to, &mut moved.woken);
+                }
                 left -= 1;
             }
         }
-        (0..left)
-            .map(|_| {
-                let id = self.add(to, State::Starting);
-                self.workers[id].replaces = Some(from);
-                id
+        for _ in 0..left {
+            let id = self.add(to, State::Starting);
+            self.workers[id].replaces = Some(from);
+            moved.starting.push(id);
+            if !stand_in {
+                continue;
+            }
+            if let Some(stand_in) = self.stand_in_candidate(from) {
+                self.workers[stand_in].standing_in = true;
+                self.workers[id].stood_in_by = Some(stand_in);
+                self.change_role(stand_in, to, &mut moved.woken);
+            }
+        }
+        moved
+    }
+
+    /// A worker of `role` that could stand in for a starting one: staying, ready, not standing in
+    /// already; an idle one first (it serves at once), then one handing off, then a busy one.
+    fn stand_in_candidate(&self, role: Preference) -> Option<usize> {
+        let rank = |state: State| match state {
+            State::Idle => Some(0),
+            State::HandingOff => Some(1),
+            State::Busy { .. } => Some(2),
+            State::Starting | State::Gone => None,
+        };
+        (0..self.workers.len())
+            .rev()
+            .filter(|id| {
+                let w = &self.workers[*id];
+                w.committed() == Some(role) && !w.standing_in
             })
-            .collect()
+            .filter_map(|id| Some((rank(self.workers[id].state)?, id)))
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, id)| id)
+    }
+
+    /// Gives `worker` another role; an idle one is to look for work again (`woken`).
+    fn change_role(&mut self, worker: usize, role: Preference, woken: &mut Vec<usize>) {
+        if self.workers[worker].state == State::Idle {
+            self.leave_idle(worker);
+            self.workers[worker].state = State::HandingOff;
+            woken.push(worker);
+        }
+        self.workers[worker].role = role;
+    }
+
+    /// A starting worker is ready: the worker it replaces leaves (its stand-in, or else any
+    /// worker of the replaced role).
+    pub fn replace(&mut self, starting: usize) {
+        let Some(replaced) = self.workers[starting].replaces.take() else {
+            return;
+        };
+        match self.workers[starting].stood_in_by.take() {
+            Some(stand_in) if self.workers[stand_in].committed().is_some() => {
+                self.retire(stand_in);
+            }
+            _ => self.remove(replaced, 1),
+        }
+    }
+
+    /// `worker` leaves: at once when it holds no job, after its job otherwise.
+    fn retire(&mut self, worker: usize) {
+        match self.workers[worker].state {
+            State::Busy { .. } => self.workers[worker].leaving = true,
+            State::Idle => {
+                self.leave_idle(worker);
+                self.workers[worker].state = State::Gone;
+            }
+            _ => self.workers[worker].state = State::Gone,
+        }
     }
 
     /// Removes up to `how_many` workers of `role`: idle and starting ones at once, busy ones
@@ -171,7 +271,7 @@ impl Pool {
                 }
                 let w = &self.workers[id];
                 let busy = matches!(w.state, State::Busy { .. });
-                if w.committed() != Some(role) || busy != busy_pass {
+                if w.committed() != Some(role) || w.standing_in || busy != busy_pass {
                     continue;
                 }
                 left -= 1;
@@ -237,8 +337,8 @@ mod tests {
     #[test]
     fn a_surge_keeps_the_replaced_workers_until_the_new_ones_are_ready() {
         let mut pool = pool(1, 9);
-        let starting = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2);
-        assert_eq!(starting.len(), 2);
+        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, false);
+        assert_eq!(moved.starting.len(), 2);
         // Nobody has left yet: 9 shared workers still take jobs.
         assert_eq!(pool.count(Preference::UrgentFirst), 9);
         assert_eq!(pool.target(Preference::UrgentFirst), 7);
@@ -248,11 +348,75 @@ mod tests {
     #[test]
     fn a_surge_the_other_way_cancels_one_under_way() {
         let mut pool = pool(1, 9);
-        pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2);
-        let starting = pool.surge(Preference::UrgentOnly, Preference::UrgentFirst, 1);
-        assert!(starting.is_empty());
+        pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, false);
+        let moved = pool.surge(Preference::UrgentOnly, Preference::UrgentFirst, 1, false);
+        assert!(moved.starting.is_empty());
         assert_eq!(pool.target(Preference::UrgentOnly), 2);
         assert_eq!(pool.target(Preference::UrgentFirst), 8);
         assert_eq!(pool.count(Preference::UrgentFirst), 9);
+    }
+
+    #[test]
+    fn stand_ins_serve_the_new_role_until_their_replacements_are_ready() {
+        let mut pool = pool(1, 9);
+        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, true);
+        assert_eq!(moved.starting.len(), 2);
+        // Two idle shared workers take only the urgent lane at once, and look for work in it.
+        assert_eq!(moved.woken.len(), 2);
+        assert_eq!(pool.count(Preference::UrgentFirst), 7);
+        assert_eq!(pool.count(Preference::UrgentOnly), 1 + 2 + 2);
+        // Once the surge is over: 3 reserved, 7 shared, the stand-ins gone.
+        assert_eq!(pool.target(Preference::UrgentOnly), 3);
+        assert_eq!(pool.target(Preference::UrgentFirst), 7);
+        for id in moved.starting {
+            pool.workers[id].state = State::Idle;
+            pool.replace(id);
+        }
+        assert_eq!(pool.count(Preference::UrgentOnly), 3);
+        assert_eq!(pool.count(Preference::UrgentFirst), 7);
+        assert!(
+            pool.workers
+                .iter()
+                .all(|w| !w.standing_in || w.state == State::Gone)
+        );
+    }
+
+    #[test]
+    fn a_surge_called_off_sends_its_stand_ins_back_to_their_role() {
+        let mut pool = pool(1, 9);
+        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, true);
+        // No urgent job waits: the stand-ins go idle in their new role.
+        for id in &moved.woken {
+            pool.set_idle(*id);
+        }
+        let back = pool.surge(Preference::UrgentOnly, Preference::UrgentFirst, 2, true);
+        assert!(back.starting.is_empty());
+        let (mut woken, mut stood_in) = (back.woken, moved.woken);
+        woken.sort();
+        stood_in.sort();
+        assert_eq!(woken, stood_in);
+        assert_eq!(pool.count(Preference::UrgentOnly), 1);
+        assert_eq!(pool.count(Preference::UrgentFirst), 9);
+        assert_eq!(pool.target(Preference::UrgentFirst), 9);
+        assert!(pool.workers.iter().all(|w| !w.standing_in));
+    }
+
+    #[test]
+    fn a_busy_worker_stands_in_only_when_no_idle_one_can() {
+        let mut pool = pool(1, 3);
+        let busy = State::Busy {
+            lane: LaneKind::Batch,
+            submitted: 0,
+        };
+        for id in [1, 2] {
+            pool.leave_idle(id);
+            pool.workers[id].state = busy;
+        }
+        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, true);
+        // The idle shared worker is woken in its new role; the busy one finishes its job first.
+        assert_eq!(moved.woken, vec![3]);
+        assert!(pool.workers[3].standing_in);
+        assert!(pool.workers[2].standing_in && pool.workers[2].state == busy);
+        assert!(!pool.workers[1].standing_in);
     }
 }
