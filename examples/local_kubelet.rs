@@ -61,6 +61,10 @@ struct Args {
     /// side (tests in parallel, beside the demo) each need their own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
     ip_block: u8,
+    /// How long a bound Pod takes to start its worker and become Ready (an image pull and a
+    /// container start, which a cluster takes seconds for); a restarted worker starts at once.
+    #[arg(long, default_value = "0s", value_parser = interval)]
+    pod_start: Duration,
 }
 
 fn interval(value: &str) -> Result<Duration, String> {
@@ -85,6 +89,8 @@ struct Kubelet {
     pods: Api<Pod>,
     /// By Pod uid.
     running: HashMap<String, Running>,
+    /// When each bound Pod not started yet was first seen, by uid: it starts `--pod-start` later.
+    starting: HashMap<String, Instant>,
     next_ip: u32,
     written_targets: String,
 }
@@ -132,6 +138,7 @@ async fn main() -> ExitCode {
         worker,
         args,
         running: HashMap::new(),
+        starting: HashMap::new(),
         next_ip: 0,
         written_targets: String::new(),
     };
@@ -218,6 +225,7 @@ impl Kubelet {
                 self.keep_running(pod, &uid).await;
             }
         }
+        self.starting.retain(|uid, _| seen.contains(uid));
         // Pods removed behind our back (force-deleted): their processes go at once.
         let gone: Vec<String> = self
             .running
@@ -271,6 +279,15 @@ impl Kubelet {
                 Err(_) => return,
             }
         }
+        let first_start = !self.running.contains_key(uid);
+        let seen = *self
+            .starting
+            .entry(uid.to_string())
+            .or_insert_with(Instant::now);
+        if first_start && seen.elapsed() < self.args.pod_start {
+            return;
+        }
+        self.starting.remove(uid);
         let restarts = self.running.remove(uid).map_or(0, |r| r.restarts);
         let ip = self.running_ip(uid);
         let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {

@@ -3,6 +3,8 @@
 //! jobs from `lane_queue`, with a grace period shorter than a job. The reserve grows in a
 //! saturated pool, so the shared Deployment shrinks under busy workers: with draining no job is
 //! cut short and the reserve grows as fast as without; without it, the stopped workers' jobs are.
+//! Where Pods take seconds to start, the shared workers that will stop stand in for the new
+//! reserved ones meanwhile, and are the ones drained.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,7 +50,7 @@ struct World {
 }
 
 impl World {
-    async fn start(prefix: &str, drain_timeout: Duration) -> Self {
+    async fn start(prefix: &str, drain_timeout: Duration, pod_start: Duration) -> Self {
         let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
         let client = plane.client().await.unwrap();
         let namespace = plane.namespace(&client, prefix).await.unwrap();
@@ -68,6 +70,7 @@ impl World {
             .arg("--pod-targets")
             .arg(prometheus.pod_targets())
             .args(["--ip-block", &block.to_string()])
+            .args(["--pod-start", &format!("{}ms", pod_start.as_millis())])
             .env("KUBECONFIG", plane.kubeconfig())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -200,18 +203,19 @@ impl World {
             .collect()
     }
 
-    /// How many shared workers say a drain keeps them from taking jobs.
-    async fn shared_draining(&self) -> usize {
-        let draining = |text: &str| {
+    /// How many shared workers set `gauge` to 1: a drain keeps them from taking jobs
+    /// (`lanepool_worker_draining`), or they stand in (`lanepool_worker_standing_in`).
+    async fn shared_saying(&self, gauge: &str) -> usize {
+        let says = |text: &str| {
             text.lines()
                 .filter(|l| !l.starts_with('#'))
-                .filter_map(|l| l.strip_prefix("lanepool_worker_draining"))
+                .filter_map(|l| l.strip_prefix(gauge))
                 .any(|rest| rest.ends_with(" 1"))
         };
         self.shared_answers()
             .await
             .iter()
-            .filter(|text| text.as_deref().is_some_and(draining))
+            .filter(|text| text.as_deref().is_some_and(says))
             .count()
     }
 
@@ -279,6 +283,8 @@ struct Shrunk {
     cut_short: f64,
     /// The most shared workers seen draining before the new reserved workers were ready.
     drained_before_ready: usize,
+    /// The most shared workers seen standing in before the new reserved workers were ready.
+    standing_in_before_ready: usize,
 }
 
 /// Grows the reserve from 1 to 3 in a budget of 5 just after every shared worker took a fresh
@@ -302,7 +308,7 @@ async fn saturated_shrink(world: &World) -> Shrunk {
     let raised = Instant::now();
     world.raise_reserve(3).await;
     let (mut growth, mut shrink) = (None, None);
-    let mut drained_before_ready = 0;
+    let (mut drained_before_ready, mut standing_in_before_ready) = (0, 0);
     while shrink.is_none() || growth.is_none() {
         assert!(
             raised.elapsed() < Duration::from_secs(60),
@@ -311,11 +317,13 @@ async fn saturated_shrink(world: &World) -> Shrunk {
         if growth.is_none() {
             // Drains seen before a read that finds the new workers not all ready yet came before
             // they were ready.
-            let draining = world.shared_draining().await;
+            let draining = world.shared_saying("lanepool_worker_draining").await;
+            let standing_in = world.shared_saying("lanepool_worker_standing_in").await;
             if world.counts("jobs-urgent-reserved").await.1 >= 3 {
                 growth = Some(raised.elapsed());
             } else {
                 drained_before_ready = drained_before_ready.max(draining);
+                standing_in_before_ready = standing_in_before_ready.max(standing_in);
             }
         }
         if shrink.is_none() && world.counts("jobs-shared").await.0 == 2 {
@@ -333,12 +341,18 @@ async fn saturated_shrink(world: &World) -> Shrunk {
         shrink: shrink.unwrap_or_default(),
         cut_short: world.cut_short(),
         drained_before_ready,
+        standing_in_before_ready,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drained_workers_finish_their_jobs_before_the_shrink_and_the_reserve_grows_at_once() {
-    let world = World::start("drain", lanepool::controller::DEFAULT_DRAIN_TIMEOUT).await;
+    let world = World::start(
+        "drain",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::ZERO,
+    )
+    .await;
     let shrunk = saturated_shrink(&world).await;
     assert_eq!(
         shrunk.cut_short, 0.0,
@@ -373,7 +387,7 @@ async fn drained_workers_finish_their_jobs_before_the_shrink_and_the_reserve_gro
 async fn without_a_drain_a_saturated_shrink_cuts_the_stopped_workers_jobs_short() {
     // The premise of the test above: the same shrink with draining off stops two workers 8 s
     // from the end of their jobs, and a grace period of 1 s kills them mid-job.
-    let world = World::start("no-drain", Duration::ZERO).await;
+    let world = World::start("no-drain", Duration::ZERO, Duration::ZERO).await;
     let shrunk = saturated_shrink(&world).await;
     assert!(
         shrunk.cut_short >= 1.0,
@@ -385,4 +399,62 @@ async fn without_a_drain_a_saturated_shrink_cuts_the_stopped_workers_jobs_short(
         shrunk.shrink
     );
     assert!(world.events("Draining").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_in_and_then_drain()
+{
+    // Pods start in 4 s: the reserve's growth 1 → 3 waits for them, and meanwhile the 2 shared
+    // workers the shrink will stop take only the urgent lane (once their batch job is done).
+    let world = World::start(
+        "stand-in",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::from_secs(4),
+    )
+    .await;
+    let shrunk = saturated_shrink(&world).await;
+    assert_eq!(
+        shrunk.standing_in_before_ready, 2,
+        "the shared workers to stop did not stand in while the new reserved workers started"
+    );
+    assert_eq!(shrunk.drained_before_ready, 0);
+    assert_eq!(shrunk.cut_short, 0.0, "a stand-in's job was cut short");
+    assert!(
+        shrunk.growth >= Duration::from_secs(4),
+        "the new reserved workers were ready after {:?}, before their pod start",
+        shrunk.growth
+    );
+    // The workers that stood in are the ones drained and stopped.
+    let names = |note: &str| -> Vec<String> {
+        let mut names: Vec<String> = note
+            .rsplit(": ")
+            .next()
+            .unwrap_or_default()
+            .split(", ")
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names
+    };
+    let stood_in = world.events("StandingIn").await;
+    let drained = world.events("Draining").await;
+    assert!(
+        stood_in
+            .iter()
+            .any(|note| note.starts_with("2 shared workers serve lane urgent until")),
+        "{stood_in:?}"
+    );
+    assert_eq!(stood_in.len(), 1, "{stood_in:?}");
+    assert_eq!(drained.len(), 1, "{drained:?}");
+    assert_eq!(names(&stood_in[0]), names(&drained[0]));
+    let left: Vec<String> = world
+        .pods(SHARED)
+        .await
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert!(
+        names(&stood_in[0]).iter().all(|n| !left.contains(n)),
+        "a worker that stood in is still running: {left:?}"
+    );
 }

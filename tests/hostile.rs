@@ -290,7 +290,8 @@ fn requests(seen: &Seen, starting: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_or_drain() {
+async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_drain_or_stand_in()
+{
     let world = World::start("hostile-answers").await;
     // The hostile pool: 50/s × 20 ms × 1.5 = 1.5 → 2 reserved; the calm one beside it 30/s → 1.
     world.urgent("hostile", 50.0);
@@ -327,7 +328,8 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
         },
     )
     .await;
-    // The reserve shrinks 2 → 1: its one worker, the redirecting one, is asked to drain.
+    // The reserve shrinks 2 → 1: while shared grows, its one worker, the redirecting one, is
+    // asked to stand in as a shared worker, then to drain.
     world.urgent("hostile", 30.0);
     until(40, "the hostile pool's reserve shrinks to 1", || async {
         world.replicas("hostile-urgent-reserved").await == Some(1)
@@ -336,6 +338,11 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
     assert!(
         requests(&redirect_seen, "POST /drain") >= 1,
         "asked to drain"
+    );
+    assert!(
+        requests(&redirect_seen, "POST /stand-in?lanes=urgent,batch&seconds=") >= 1,
+        "asked to stand in: {:?}",
+        redirect_seen.lock().unwrap()
     );
     // The calm pool keeps its interval beside them: a rise reaches it within about one.
     world.urgent("calm", 150.0);
@@ -346,11 +353,12 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
     let after = peak_rss_mib();
     let gets = requests(&endless_seen, "GET /metrics");
     println!(
-        "endless: {gets} reads (too_large {}), redirect: {} GETs and {} drains refused \
-         (redirect {}), its target reached {} times; both read twice within {:.1} s; calm pool \
-         resized {:.1} s after its rise; peak RSS {before:.0} → {after:.0} MiB",
+        "endless: {gets} reads (too_large {}), redirect: {} GETs, {} stand-ins and {} drains \
+         refused (redirect {}), its target reached {} times; both read twice within {:.1} s; \
+         calm pool resized {:.1} s after its rise; peak RSS {before:.0} → {after:.0} MiB",
         world.rejected("too_large"),
         requests(&redirect_seen, "GET"),
+        requests(&redirect_seen, "POST /stand-in"),
         requests(&redirect_seen, "POST /drain"),
         world.rejected("redirect"),
         reached.load(Ordering::SeqCst),
@@ -359,8 +367,8 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
     );
     assert_eq!(reached.load(Ordering::SeqCst), 0, "no redirect followed");
     assert!(
-        world.rejected("redirect") >= 3,
-        "the GETs and the drain refused"
+        world.rejected("redirect") >= 4,
+        "the GETs, the stand-in and the drain refused"
     );
     assert!(
         world.rejected("too_large") >= 2,

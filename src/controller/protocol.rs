@@ -10,6 +10,8 @@ pub const BUSY_METRIC: &str = "lanepool_worker_busy";
 pub const STARTED_METRIC: &str = "lanepool_worker_job_started_timestamp_seconds";
 /// The gauge a worker sets to 1 while a drain request keeps it from taking new jobs.
 pub const DRAINING_METRIC: &str = "lanepool_worker_draining";
+/// The gauge a worker sets to 1 while a stand-in request has it take other lanes than its own.
+pub const STANDING_IN_METRIC: &str = "lanepool_worker_standing_in";
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
 /// The annotation the ReplicaSet controller reads: of two Pods otherwise alike (both running

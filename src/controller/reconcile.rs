@@ -2,7 +2,8 @@
 //! **step** (is it due, what does it run: `memory/`); when due, **measure** (Prometheus and the
 //! workers' own counts at once, then every lane's job time) and **decide** (`crate::sizing`);
 //! **plan** the rollout (`plan/`: growth first, a shrink after the surge and its drain); **apply
-//! the growth**; **drain** the workers a shrink stops (`pods/drain.rs`); **rank** the Pods of the
+//! the growth**; while a shrink waits for it, have the workers it will stop **stand in** for
+//! the new ones (`pods/stand_in.rs`); **drain** the workers a shrink stops (`pods/drain.rs`); **rank** the Pods of the
 //! Deployments that shrink now (`pods/rank.rs`); **apply the rest**; **report** the decision
 //! (`report.rs`); **requeue**. Each stage is entered once, and the pool's memory is written back
 //! at one point whatever the walk's outcome. Errors the CRD cannot catch (a missing Secret, a URL
@@ -265,11 +266,33 @@ impl Walk<'_> {
             connection: memory.connection.as_ref(),
             job_seconds: &memory.job_seconds,
         };
+        // While a shrink waits for the surge, its workers that will stop stand in for the new
+        // ones; once it goes, the drain takes those first, and sends back none it leaves.
+        let surge_ends = memory.surge_since.unwrap_or(self.now) + ctx.settings.surge_timeout;
+        let stood_in = pods::stand_in::stand_in_during_surges(
+            pool,
+            ctx,
+            pods,
+            measured,
+            &mut memory.stand_ins,
+            &rollout.stand_ins,
+            surge_ends,
+            self.now,
+        )
+        .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
-        let held =
-            pods::drain::drain_before_shrinks(pool, ctx, pods, measured, drains, shrinks, self.now)
-                .await;
+        let held = pods::drain::drain_before_shrinks(
+            pool, ctx, pods, measured, drains, shrinks, &stood_in, self.now,
+        )
+        .await;
+        let drains = &memory.drains;
+        pods::stand_in::end(pods, stood_in, |deployment, pod| {
+            drains
+                .get(deployment)
+                .is_some_and(|d| d.pods.contains_key(pod))
+        })
+        .await;
         let release = rollout.release(pool, live, &held, rules);
         for deployment in &release.shrinking {
             let drained = memory

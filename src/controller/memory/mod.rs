@@ -13,6 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 
 use super::plan::drain::{self, Drain};
+use super::plan::stand_in::StandIns;
 use super::plan::{Release, Rollout, Surge};
 use super::status::METRICS_AVAILABLE;
 use super::workers::{Role, pool_roles, spec_replicas};
@@ -55,6 +56,8 @@ pub(super) struct PoolMemory {
     pub(super) leaving: BTreeSet<String>,
     /// The drains of shrinking Deployments, by Deployment name.
     pub(super) drains: BTreeMap<String, Drain>,
+    /// The stand-ins of shrinks waiting for the surge, by Deployment name.
+    pub(super) stand_ins: BTreeMap<String, StandIns>,
     /// The workers' finished-job counts read so far.
     pub(super) worker_reads: WorkerReads,
     /// Every lane's mean job time at the last measurement: drains and rankings go by it.
@@ -354,6 +357,7 @@ mod tests {
             waiting,
             taking_over: BTreeSet::from(["jobs-urgent-reserved".to_string()]),
             shrinks: vec![],
+            stand_ins: vec![],
             growth: None,
             not_ready: vec![],
             leaving: vec![],

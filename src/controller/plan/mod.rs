@@ -2,13 +2,14 @@
 //! counts and the surge's wait, what to write now and in which order. Growth goes out first and
 //! alone whenever a Deployment is to shrink (draining and ranking never delay new workers); a
 //! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`), and only then
-//! are the workers it stops asked to drain (`drain.rs`), so they take jobs until their
-//! replacements can; each shrinking Deployment's Pods are ranked (`cost.rs`) just before it
+//! are the workers it stops asked to drain (`drain.rs`); until then they stand in for their
+//! replacements (the lanes of the Deployments taking over, `StandIn`); each shrinking Deployment's Pods are ranked (`cost.rs`) just before it
 //! shrinks. `grace.rs` checks that a stopped worker can finish its job.
 
 pub(super) mod cost;
 pub(super) mod drain;
 pub(super) mod grace;
+pub(super) mod stand_in;
 pub(super) mod surge;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +42,14 @@ pub(super) struct Shrink {
     pub(super) lanes: Vec<String>,
 }
 
+/// A shrink waiting for the surge: the `shrink.live - shrink.to` workers it will stop serve the
+/// lanes of the Deployments taking over (`serves`, in priority order) until those are ready.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct StandIn {
+    pub(super) shrink: Shrink,
+    pub(super) serves: Vec<String>,
+}
+
 /// Where a surge stands, as the pool's memory has it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Surge {
@@ -64,6 +73,9 @@ pub(super) struct Rollout {
     /// for the Deployments taking over is not among them, and its workers keep taking jobs until
     /// their replacements are ready. Empty when the operator does not drain.
     pub(super) shrinks: Vec<Shrink>,
+    /// The shrinks that wait for the Deployments taking over: their workers that will stop stand
+    /// in for the new ones meanwhile. Empty when the operator does not drain.
+    pub(super) stand_ins: Vec<StandIn>,
     /// What to write before any shrinking Deployment's Pod is asked anything: the step with every
     /// shrink held. `None` when nothing is to shrink (the step goes out in one write).
     pub(super) growth: Option<Replicas>,
@@ -168,13 +180,43 @@ pub(super) fn rollout(
                 deployment: name.clone(),
                 live,
                 to: c.target,
-                lanes: match role {
-                    Role::Reserved { lane } => vec![lane.clone()],
-                    Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),
-                },
+                lanes: lanes_of(pool, role),
             })
         })
         .collect::<Vec<_>>();
+    // While a shrink waits for the Deployments taking over, the workers it will stop serve their
+    // lanes (those of the ones not ready yet, in priority order).
+    let starting: Vec<&Role> = roles
+        .iter()
+        .zip(&counts)
+        .filter(|(_, c)| step_now.waiting && c.takes_over && c.ready < c.target)
+        .map(|((_, role, _), _)| role)
+        .collect();
+    let serves: Vec<String> = pool
+        .spec
+        .lanes
+        .iter()
+        .map(|l| l.name.clone())
+        .filter(|lane| starting.iter().any(|r| lanes_of(pool, r).contains(lane)))
+        .collect();
+    let stand_ins = roles
+        .iter()
+        .zip(&counts)
+        .zip(&step_now.apply)
+        .filter(|_| rules.drain && !serves.is_empty())
+        .filter_map(|(((name, role, _), c), now)| {
+            let live = c.live.filter(|live| c.target < *live && now >= live)?;
+            Some(StandIn {
+                shrink: Shrink {
+                    deployment: name.clone(),
+                    live,
+                    to: c.target,
+                    lanes: lanes_of(pool, role),
+                },
+                serves: serves.clone(),
+            })
+        })
+        .collect();
     let mut step = decided.clone();
     let mut leaving_step = Vec::new();
     for (i, ((name, role, _), count)) in roles.iter().zip(step_now.apply).enumerate() {
@@ -193,6 +235,7 @@ pub(super) fn rollout(
         waiting: step_now.waiting,
         taking_over,
         shrinks,
+        stand_ins,
         growth,
         not_ready,
         leaving: leaving_step,
@@ -291,6 +334,14 @@ fn ready_replicas(deployment: &Deployment) -> i32 {
         .as_ref()
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0)
+}
+
+/// The lanes a role's workers take jobs from, in priority order.
+fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
+    match role {
+        Role::Reserved { lane } => vec![lane.clone()],
+        Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),
+    }
 }
 
 fn set(replicas: &mut Replicas, role: &Role, count: i32) {

@@ -160,6 +160,62 @@ fn a_shrink_waits_for_the_growing_deployment_to_be_ready_and_only_then_drains() 
 }
 
 #[test]
+fn while_the_reserve_grows_the_shared_workers_it_replaces_stand_in_for_it() {
+    let now = replicas(1, 9);
+    let decided = replicas(3, 7);
+    let first = unhurried(&live(&now, &now), &decided, &now);
+    assert_eq!(
+        first.stand_ins,
+        [StandIn {
+            shrink: Shrink {
+                deployment: "jobs-shared".into(),
+                live: 9,
+                to: 7,
+                lanes: vec!["urgent".into(), "batch".into()],
+            },
+            serves: vec!["urgent".into()],
+        }],
+        "2 shared workers take only the urgent lane while the new reserved workers start"
+    );
+    // The other way: reserved workers stand in as shared workers, every lane in order.
+    let back = unhurried(&live(&decided, &decided), &now, &decided);
+    assert_eq!(back.stand_ins.len(), 1);
+    assert_eq!(back.stand_ins[0].shrink.deployment, "jobs-urgent-reserved");
+    assert_eq!(back.stand_ins[0].serves, ["urgent", "batch"]);
+    // Once the new workers are ready the shrink goes, drained: no stand-in any more.
+    let grown = replicas(3, 9);
+    let surge = Surge {
+        waited: Some(Duration::from_secs(5)),
+        taking_over: first.taking_over.clone(),
+    };
+    let ready = live(&grown, &grown);
+    let go = rollout(
+        &pool(),
+        &ready,
+        &decided,
+        Some(&grown),
+        &surge,
+        DRAIN_AND_RANK,
+    );
+    assert!(go.stand_ins.is_empty());
+    assert_eq!(go.shrinks.len(), 1);
+    // Without drains (workers the operator does not ask anything), no stand-ins either.
+    let plain = Rules {
+        drain: false,
+        ..DRAIN_AND_RANK
+    };
+    let quiet = rollout(
+        &pool(),
+        &live(&now, &now),
+        &decided,
+        Some(&now),
+        &Surge::default(),
+        plain,
+    );
+    assert!(quiet.stand_ins.is_empty());
+}
+
+#[test]
 fn a_reserve_shrink_never_waits_for_shared_workers_that_do_not_change() {
     // Fixed shared workers, one stuck Pending: the reserve shrinks 3 → 1 at once.
     let now = replicas(3, 8);

@@ -33,7 +33,11 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
             }
         }
     }
-    for (name, answer) in pods.post_drains(reachable).await {
+    let reachable = reachable
+        .into_iter()
+        .map(|(name, address, seconds)| (name, address, format!("/drain?seconds={seconds}")))
+        .collect();
+    for (name, answer) in pods.post(reachable).await {
         let answer = match answer {
             Ok((status, text)) => read_answer(status, &text),
             Err(_) => Answer::Refused,
@@ -53,6 +57,7 @@ pub(in crate::controller) async fn drain_before_shrinks(
     measured: LastMeasured<'_>,
     drains: &mut BTreeMap<String, Drain>,
     shrinks: &[Shrink],
+    standing_in: &BTreeMap<String, BTreeSet<String>>,
     now: Duration,
 ) -> BTreeSet<String> {
     for (deployment, drain) in drain::called_off(drains, shrinks) {
@@ -73,7 +78,8 @@ pub(in crate::controller) async fn drain_before_shrinks(
     let mut held = BTreeSet::new();
     for shrink in shrinks {
         let drain = drains.entry(shrink.deployment.clone()).or_default();
-        if advance(pool, ctx, pods, measured, drain, shrink, now).await {
+        let stood_in = standing_in.get(&shrink.deployment);
+        if advance(pool, ctx, pods, measured, drain, shrink, stood_in, now).await {
             held.insert(shrink.deployment.clone());
         }
     }
@@ -82,7 +88,9 @@ pub(in crate::controller) async fn drain_before_shrinks(
 
 /// One reconcile of one Deployment's drain: choose its workers (at the start, or when the count
 /// it shrinks to changed), ask them (again: a restarted worker drains anew, and the drain's
-/// lapse moves on), and say whether the shrink still waits.
+/// lapse moves on), and say whether the shrink still waits. The workers that `stood_in` for the
+/// new ones are chosen first, as those already draining are: they were the pick all along.
+#[allow(clippy::too_many_arguments)]
 async fn advance(
     pool: &LanePool,
     ctx: &Context,
@@ -90,6 +98,7 @@ async fn advance(
     measured: LastMeasured<'_>,
     drain: &mut Drain,
     shrink: &Shrink,
+    stood_in: Option<&BTreeSet<String>>,
     now: Duration,
 ) -> bool {
     let deployment = shrink.deployment.as_str();
@@ -117,7 +126,8 @@ async fn advance(
                 name: w.name.clone(),
                 ready: w.ready,
                 cost: reading.cost(&w.name),
-                draining: drain.pods.contains_key(&w.name),
+                draining: drain.pods.contains_key(&w.name)
+                    || stood_in.is_some_and(|s| s.contains(&w.name)),
             })
             .collect();
         called_back = drain.start(
@@ -169,7 +179,7 @@ async fn advance(
 }
 
 /// "shared workers" or "reserved workers of lane L", for the event.
-fn workers_of(shrink: &Shrink) -> String {
+pub(super) fn workers_of(shrink: &Shrink) -> String {
     match shrink.lanes.as_slice() {
         [lane] if shrink.deployment.ends_with("-reserved") => {
             format!("reserved workers of lane {lane}")

@@ -2,7 +2,7 @@
 //! workers per reconcile, from the watch caches of the pools' Pods and ReplicaSets (`owners.rs`
 //! says whose a Pod is, `worker.rs` what is kept of it), their
 //! `/metrics` answers, each asked at most once per reconcile and read in `text.rs`, drain requests
-//! and deletion costs, all through one client that follows no redirect and reads capped answers
+//! and stand-in requests and deletion costs, all through one client that follows no redirect and reads capped answers
 //! (`http.rs`), within one time budget. The stages that use them: the reads (`reads.rs`), the
 //! drains (`drain.rs`) and the ranking (`rank.rs`). What a Pod answers is never trusted beyond
 //! those caps, and a refused answer is an answer not given.
@@ -12,6 +12,7 @@ mod http;
 mod owners;
 pub(super) mod rank;
 pub(super) mod reads;
+pub(super) mod stand_in;
 mod text;
 mod worker;
 
@@ -208,15 +209,14 @@ impl PoolPods<'_> {
         known
     }
 
-    /// `POST /drain?seconds={seconds}` to each of `pods` at its metrics address: (pod name, the
-    /// status and text of its answer, or why there is none).
-    pub(super) async fn post_drains(
+    /// A `POST` of its path (a drain or stand-in request) to each of `pods`, (name, metrics
+    /// address, path): (pod name, the status and text of its answer, or why there is none).
+    pub(super) async fn post(
         &self,
-        pods: Vec<(String, String, u64)>,
+        pods: Vec<(String, String, String)>,
     ) -> Vec<(String, Result<(u16, String), Refused>)> {
         futures::stream::iter(pods)
-            .map(|(name, address, seconds)| async move {
-                let path = format!("/drain?seconds={seconds}");
+            .map(|(name, address, path)| async move {
                 let answer = if self.ctx.may_write() {
                     self.request(|| http::post(&address, &path)).await
                 } else {
@@ -224,7 +224,7 @@ impl PoolPods<'_> {
                 };
                 if let Err(refused) = &answer {
                     count(self.ctx, refused);
-                    debug!(pod = %name, %address, error = %refused, "worker not asked to drain");
+                    debug!(pod = %name, %address, %path, error = %refused, "worker not asked");
                 }
                 (name, answer)
             })

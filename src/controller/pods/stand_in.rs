@@ -1,0 +1,173 @@
+//! Stand-ins, the asking: while a shrink waits for the Deployments taking over its capacity, the
+//! workers it will stop are asked at their `metrics` port to take the new workers' lanes
+//! (`POST /stand-in?lanes=…&seconds=N`), so a grown reserve serves at once instead of a pod start
+//! later, and a shrunk one's workers take batch at once. When the surge is over they are drained
+//! (which ends a stand-in in the worker) or sent back to their own lanes (`seconds=0`). Which
+//! workers and for how long: `plan/stand_in.rs`. A worker that does not stand in (a 404, no
+//! answer, no `lanepool_worker_standing_in 1`) keeps its role until it is replaced, as before.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use kube::runtime::events::EventType;
+use tracing::{debug, info};
+
+use super::rank::{LastMeasured, read_work};
+use super::text::gauge_values;
+use super::{PoolPods, Worker};
+use crate::api::LanePool;
+use crate::controller::context::Context;
+use crate::controller::plan::StandIn;
+use crate::controller::plan::drain::Candidate;
+use crate::controller::plan::stand_in::{self, StandIns};
+use crate::controller::protocol::STANDING_IN_METRIC;
+use crate::duration::human_seconds;
+
+/// `POST /stand-in` to each of `workers`, serving `lanes` for its seconds (`0`: its own lanes
+/// again); whether each answered that it stands in.
+async fn ask(
+    pods: &PoolPods<'_>,
+    workers: Vec<(&Worker, u64)>,
+    lanes: &[String],
+) -> BTreeMap<String, bool> {
+    let mut answers = BTreeMap::new();
+    let mut reachable = Vec::new();
+    for (worker, seconds) in workers {
+        match &worker.address {
+            Some(address) => {
+                let path = match seconds {
+                    0 => "/stand-in?seconds=0".to_string(),
+                    _ => format!("/stand-in?lanes={}&seconds={seconds}", lanes.join(",")),
+                };
+                reachable.push((worker.name.clone(), address.clone(), path));
+            }
+            None => {
+                answers.insert(worker.name.clone(), false);
+            }
+        }
+    }
+    for (name, answer) in pods.post(reachable).await {
+        let standing_in = match answer {
+            Ok((200, text)) => gauge_values(&text, STANDING_IN_METRIC)
+                .iter()
+                .any(|v| *v > 0.0),
+            Ok(_) | Err(_) => false,
+        };
+        answers.insert(name, standing_in);
+    }
+    answers
+}
+
+/// Starts (or re-chooses) the stand-ins of the shrinks waiting for the surge (`waiting`), each
+/// asked until `surge_ends` and a margin. Returns the stand-ins of the shrinks that no longer
+/// wait, by Deployment: the drain prefers them, and [`end`] sends back those it does not take.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::controller) async fn stand_in_during_surges(
+    pool: &LanePool,
+    ctx: &Context,
+    pods: &PoolPods<'_>,
+    measured: LastMeasured<'_>,
+    stand_ins: &mut BTreeMap<String, StandIns>,
+    waiting: &[StandIn],
+    surge_ends: Duration,
+    now: Duration,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let ended = stand_in::ended(stand_ins, waiting)
+        .into_iter()
+        .map(|(deployment, s)| (deployment, s.pods))
+        .collect();
+    for wanted in waiting {
+        let deployment = wanted.shrink.deployment.as_str();
+        let set = stand_ins.entry(deployment.to_string()).or_default();
+        let live = pods.workers_of(deployment);
+        set.keep_live(live.iter().map(|w| w.name.as_str()));
+        if !set.starting(wanted) {
+            continue;
+        }
+        let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+            debug!(deployment, "no stand-ins: no worker answered");
+            set.started = true;
+            continue;
+        };
+        let candidates: Vec<Candidate> = live
+            .iter()
+            .map(|w| Candidate {
+                name: w.name.clone(),
+                ready: w.ready,
+                cost: reading.cost(&w.name),
+                draining: false,
+            })
+            .collect();
+        let (asked, called_back) = set.start(wanted, &candidates);
+        let seconds = stand_in::lapse(surge_ends, now);
+        let by_name: BTreeMap<&str, &Worker> = live.iter().map(|w| (w.name.as_str(), *w)).collect();
+        let requests = asked
+            .iter()
+            .map(|name| (name, seconds))
+            .chain(called_back.iter().map(|name| (name, 0)))
+            .filter_map(|(name, seconds)| Some((*by_name.get(name.as_str())?, seconds)))
+            .collect();
+        let answers = ask(pods, requests, &wanted.serves).await;
+        set.answered(
+            answers
+                .into_iter()
+                .filter(|(name, _)| !called_back.contains(name))
+                .collect(),
+        );
+        if set.pods.is_empty() {
+            info!(
+                deployment,
+                refused = set.refused.len(),
+                "no stand-ins: the workers do not take stand-in requests"
+            );
+            continue;
+        }
+        let names: Vec<&str> = set.pods.iter().map(String::as_str).collect();
+        let note = format!(
+            "{} {} serve {} {} until the new workers are ready, before Deployment \
+             {deployment} shrinks {} → {} (at most {}): {}",
+            set.pods.len(),
+            super::drain::workers_of(&wanted.shrink),
+            if wanted.serves.len() == 1 {
+                "lane"
+            } else {
+                "lanes"
+            },
+            wanted.serves.join(", "),
+            wanted.shrink.live,
+            wanted.shrink.to,
+            human_seconds(seconds as f64),
+            names.join(", ")
+        );
+        info!(deployment, workers = set.pods.len(), "{note}");
+        ctx.event(pool, EventType::Normal, "StandingIn", note).await;
+    }
+    ended
+}
+
+/// Sends the workers of ended stand-ins that no drain holds (`draining`: by Deployment, the Pods
+/// asked to drain, which ends their stand-in) back to their own lanes. Best effort: a worker not
+/// reached now goes back when its stand-in lapses.
+pub(in crate::controller) async fn end(
+    pods: &PoolPods<'_>,
+    ended: BTreeMap<String, BTreeSet<String>>,
+    draining: impl Fn(&str, &str) -> bool,
+) {
+    for (deployment, names) in ended {
+        let back: Vec<(&Worker, u64)> = pods
+            .workers_of(&deployment)
+            .into_iter()
+            .filter(|w| names.contains(&w.name) && !draining(&deployment, &w.name))
+            .map(|w| (w, 0))
+            .collect();
+        if back.is_empty() {
+            continue;
+        }
+        info!(
+            deployment,
+            workers = back.len(),
+            "stand-in over: the workers serve their own lanes again"
+        );
+        ask(pods, back, &[]).await;
+    }
+}
