@@ -15,6 +15,9 @@
 # A static split instead of the sized reserve (reserve.min = reserve.max = N), as
 # examples/real_vs_sim.sh compares them:
 #   RESERVE=2 URGENT_PROFILE=0s=30,30s=30 DURATION=150 ./examples/demo.sh
+# Pods that take seconds to start, as in a cluster (the local kubelet starts them at once): while
+# the new workers start, the ones they replace stand in for them.
+#   POD_START=10s ./examples/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +30,7 @@ grace=${GRACE:-30}                 # the pod template's terminationGracePeriodSe
 idle_first=${IDLE_FIRST:-true}     # the operator's --idle-workers-first
 drain_timeout=${DRAIN_TIMEOUT:-2m} # the operator's --drain-timeout (0: no drain)
 reserve=${RESERVE:-}               # a static split: reserve.min = reserve.max = RESERVE
+pod_start=${POD_START:-0s}         # the local kubelet's --pod-start
 dir=target/demo
 port=${QUEUE_PORT:-9464}
 metrics_port=${OPERATOR_METRICS_PORT:-8089}
@@ -101,7 +105,7 @@ start_epoch=$(date +%s)
 say "starting the local kubelet: one lane_worker process per Pod (logs: $dir/workers/)"
 "$bin/examples/local_kubelet" --namespace demo --queue-url "$queue_url" \
   --worker "$bin/examples/lane_worker" --log-dir "$dir/workers" \
-  --pod-targets "$LANEPOOL_POD_TARGETS" >"$dir/kubelet.log" 2>&1 &
+  --pod-targets "$LANEPOOL_POD_TARGETS" --pod-start "$pod_start" >"$dir/kubelet.log" 2>&1 &
 kubelet_pid=$!
 
 # One number from Prometheus: the first sample of an instant query, "-" when there is none.

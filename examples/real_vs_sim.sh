@@ -8,6 +8,7 @@
 #   ./examples/real_vs_sim.sh                  # 30/s, the default pool and static 1, 2, 3
 #   RATE=60 POOLS="default 2 3 4" ./examples/real_vs_sim.sh
 #   PROFILE=0s=30,50s=150,70s=30,110s=150,130s=30 ./examples/real_vs_sim.sh   # spikes: resizes
+#   POD_START=10s PROFILE=… ./examples/real_vs_sim.sh   # Pods that start in 10 s (the suite's)
 #   ./examples/real_vs_sim.sh table            # the table again from the logs of the last runs
 #
 # The real waits are exact: every take's wait from the lane queue's job log (`--job-log`), not
@@ -31,6 +32,9 @@ pools=${POOLS:-default 1 2 3} # default: the sized pool; N: a static split of N 
 duration=${DURATION:-150}
 seeds=${SIM_SEEDS:-1 2 3 4 5}
 warm_up=30
+# The local kubelet's pod start; the simulator's is that and the demo's own 0.4 s.
+pod_start=${POD_START:-0s}
+sim_pod_start=$(awk -v s="${pod_start%s}" 'BEGIN { printf "%gs", s + 0.4 }')
 dir=target/real-vs-sim
 mkdir -p "$dir"
 MODE=${1:-}
@@ -51,7 +55,7 @@ simulated() { # urgent-ms batch-ms handoff-ms extra simulate flags...
     "$bin/lanepool" simulate --workers 10 --urgent-profile "$profile" --urgent-ms "$urgent_ms" \
       --batch-ms "$batch_ms" --handoff-ms "$handoff_ms" --backlog 100000000 \
       --duration "${duration}s" --warm-up "${warm_up}s" --arrivals poisson --output json \
-      --seed "$seed" --scrape-interval 1s --scrape-delay 1s --pod-start 0.4s "$@" |
+      --seed "$seed" --scrape-interval 1s --scrape-delay 1s --pod-start "$sim_pod_start" "$@" |
       sed -E 's/.*"p99_ms":([0-9.]+).*"throughput_per_s":([0-9.]+).*/\1 \2/'
   done | awk -v job="$urgent_ms" '
     NR == 1 { first = $1 - job; batch = $2; next }
@@ -63,7 +67,7 @@ simulated() { # urgent-ms batch-ms handoff-ms extra simulate flags...
 real() { # RESERVE or empty
   local name=${1:-default}
   [ "${MODE:-}" = table ] && return
-  RESERVE=$1 URGENT_PROFILE="$profile" DURATION=$duration DEMO_BIN=$bin \
+  RESERVE=$1 URGENT_PROFILE="$profile" DURATION=$duration DEMO_BIN=$bin POD_START=$pod_start \
     ./examples/demo.sh >"$dir/demo-$name.log" 2>&1
   cp target/demo/jobs.log "$dir/jobs-$name.log"
 }
@@ -130,6 +134,6 @@ for pool in $pools; do
     row "static $pool" "$pool" --reserved "$pool"
   fi
 done
-echo "urgent jobs 20 ms at $profile (Poisson), 10 workers; waits from ${warm_up}s to ${duration}s; logs: $dir/"
+echo "urgent jobs 20 ms at $profile (Poisson), 10 workers, Pods starting in $pod_start (sim: $sim_pod_start); waits from ${warm_up}s to ${duration}s; logs: $dir/"
 echo "sim: nominal jobs, no hand-off; sim': the row's measured job times and hand-off; both on the"
 echo "real run's arrivals (seed 1); sim' seeds: its lowest and highest wait p99 over seeds $seeds"

@@ -328,8 +328,7 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
         },
     )
     .await;
-    // The reserve shrinks 2 → 1: while shared grows, its one worker, the redirecting one, is
-    // asked to stand in as a shared worker, then to drain.
+    // The reserve shrinks 2 → 1: its one worker, the redirecting one, is asked to drain.
     world.urgent("hostile", 30.0);
     until(40, "the hostile pool's reserve shrinks to 1", || async {
         world.replicas("hostile-urgent-reserved").await == Some(1)
@@ -339,11 +338,32 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
         requests(&redirect_seen, "POST /drain") >= 1,
         "asked to drain"
     );
-    assert!(
-        requests(&redirect_seen, "POST /stand-in?lanes=urgent,batch&seconds=") >= 1,
-        "asked to stand in: {:?}",
-        redirect_seen.lock().unwrap()
-    );
+    // The reserve grows 1 → 5: the shared workers the shrink will stop, the endless one and a
+    // redirecting one among them, are asked to stand in for the new reserved workers.
+    let shared_labels = labels("hostile", "shared");
+    world
+        .pod(
+            "redirect-shared",
+            shared_labels,
+            Some(&shared),
+            redirect,
+            true,
+        )
+        .await;
+    world.urgent("hostile", 150.0);
+    until(40, "the hostile pool's reserve grows to 5", || async {
+        world.replicas("hostile-urgent-reserved").await == Some(5)
+    })
+    .await;
+    until(
+        20,
+        "both hostile shared workers asked to stand in",
+        || async {
+            requests(&redirect_seen, "POST /stand-in?lanes=urgent&seconds=") >= 1
+                && requests(&endless_seen, "POST /stand-in?lanes=urgent&seconds=") >= 1
+        },
+    )
+    .await;
     // The calm pool keeps its interval beside them: a rise reaches it within about one.
     world.urgent("calm", 150.0);
     let rise = until(20, "the calm pool follows 150/s: 5 reserved", || async {

@@ -2,9 +2,9 @@
 //! counts and the surge's wait, what to write now and in which order. Growth goes out first and
 //! alone whenever a Deployment is to shrink (draining and ranking never delay new workers); a
 //! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`), and only then
-//! are the workers it stops asked to drain (`drain.rs`); until then they stand in for their
-//! replacements (the lanes of the Deployments taking over, `StandIn`); each shrinking Deployment's Pods are ranked (`cost.rs`) just before it
-//! shrinks. `grace.rs` checks that a stopped worker can finish its job.
+//! are the workers it stops asked to drain (`drain.rs`); until then shared workers stand in for
+//! new reserved ones (`stand_in.rs`). Each shrinking Deployment's Pods are ranked (`cost.rs`)
+//! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
 
 pub(super) mod cost;
 pub(super) mod drain;
@@ -185,7 +185,10 @@ pub(super) fn rollout(
         })
         .collect::<Vec<_>>();
     // While a shrink waits for the Deployments taking over, the workers it will stop serve their
-    // lanes (those of the ones not ready yet, in priority order).
+    // lanes (those of the ones not ready yet, in priority order), when those are among their
+    // own: a shared worker stands in for a reserved one, never the other way, since a reserved
+    // worker given the batch lane could take a long job it cannot give back should the reserve
+    // grow again.
     let starting: Vec<&Role> = roles
         .iter()
         .zip(&counts)
@@ -206,6 +209,10 @@ pub(super) fn rollout(
         .filter(|_| rules.drain && !serves.is_empty())
         .filter_map(|(((name, role, _), c), now)| {
             let live = c.live.filter(|live| c.target < *live && now >= live)?;
+            let own = lanes_of(pool, role);
+            if !serves.iter().all(|lane| own.contains(lane)) {
+                return None;
+            }
             Some(StandIn {
                 shrink: Shrink {
                     deployment: name.clone(),

@@ -208,9 +208,9 @@ pub struct SimulateArgs {
     /// does when they serve them at their `metrics` port (the default); false: Prometheus only.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub worker_reads: bool,
-    /// Whether the workers a role change replaces stand in for the new ones until those are
-    /// ready, as the operator asks workers that serve a `metrics` port (the default); false:
-    /// they keep their old role until then.
+    /// Whether the shared workers a growing reserve replaces take only the urgent lane until
+    /// the new reserved workers are ready, as the operator asks workers that serve a `metrics`
+    /// port (the default); false: they stay shared until then.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub stand_ins: bool,
 }

@@ -235,6 +235,8 @@ impl<'a> Engine<'a> {
         let reserve = reserve as usize;
         let current = self.pool.target(Preference::UrgentOnly);
         let unreserved = self.scenario.arrangement.unreserved_role();
+        // Only a growing reserve has stand-ins: a reserved worker standing in for a shared one
+        // would take a batch job it cannot give back should the reserve grow again.
         let stand_in = control.config.stand_ins;
         let moved = match size {
             PoolSize::Budget { .. } if reserve > current => self.pool.surge(
@@ -243,12 +245,10 @@ impl<'a> Engine<'a> {
                 reserve - current,
                 stand_in,
             ),
-            PoolSize::Budget { .. } => self.pool.surge(
-                Preference::UrgentOnly,
-                unreserved,
-                current - reserve,
-                stand_in,
-            ),
+            PoolSize::Budget { .. } => {
+                self.pool
+                    .surge(Preference::UrgentOnly, unreserved, current - reserve, false)
+            }
             PoolSize::Shared { .. } if reserve > current => {
                 let kept = self.pool.keep(Preference::UrgentOnly, reserve - current);
                 Moved {

@@ -144,10 +144,10 @@ pub struct Autoscale {
     /// rates then come from those, seconds old; Prometheus's only until they cover a window).
     /// A worker that leaves between two reads takes what it finished since the first with it.
     pub worker_reads: bool,
-    /// Whether, while a role change's new workers start, the workers they replace stand in for
-    /// them (the operator's `POST /stand-in` to workers that serve a `metrics` port): a shared
-    /// worker takes only the urgent lane until the new reserved one is ready, and the other
-    /// way round. Otherwise the replaced workers keep their old role until then.
+    /// Whether, while a growing reserve's new workers start, the shared workers they replace
+    /// stand in for them, taking only the urgent lane until they are ready (the operator's
+    /// `POST /stand-in` to workers that serve a `metrics` port). Otherwise, and always when the
+    /// reserve shrinks, the replaced workers keep their old role until then.
     pub stand_ins: bool,
 }
 
