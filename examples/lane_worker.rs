@@ -35,11 +35,24 @@
 //! seconds without being stopped, take jobs again (so a shrink the operator called off never
 //! loses a worker for good); `seconds=0` takes jobs again at once. It answers with its gauges,
 //! `lanepool_worker_draining 1` among them, which is how the operator knows the request was
-//! understood. It also exports `lanepool_job_duration_seconds`, its own count and sum of the
-//! jobs it finished per lane: the operator reads the count there each interval, so the reserve
-//! follows the lane's rate seconds old instead of waiting for Prometheus's next scrape. A worker
-//! that runs against a queue that cannot count (SQS, Redis lists…) needs it for the job time
-//! too, and leaves the submission count and queue depth to the producer and the queue.
+//! understood.
+//!
+//! And the stand-in request, `POST /stand-in?lanes=L1,L2&seconds=N`: for N seconds take jobs from
+//! these lanes, in this order, instead of `LANEPOOL_LANES`, then from its own again. When workers
+//! move between roles, the new Pods take a pod start to be ready; meanwhile the workers a shrink
+//! will stop stand in for them (shared workers take only `urgent` while the urgent lane's reserve
+//! grows), and are drained once the new Pods are ready. The request itself takes any lanes. A new
+//! request replaces the last one, `seconds=0` ends it at once, a drain ends it (calling that drain
+//! off brings back the worker's own lanes), and one the operator forgets lapses by itself. The job
+//! in hand is finished first; a wait for a job ends at once, so the next take asks for the new
+//! lanes. It answers with its gauges, `lanepool_worker_standing_in 1` among them (0 after
+//! `seconds=0`).
+//!
+//! It also exports `lanepool_job_duration_seconds`, its own count and sum of the jobs it finished
+//! per lane: the operator reads the count there each interval, so the reserve follows the lane's
+//! rate seconds old instead of waiting for Prometheus's next scrape. A worker that runs against a
+//! queue that cannot count (SQS, Redis lists…) needs it for the job time too, and leaves the
+//! submission count and queue depth to the producer and the queue.
 //!
 //!     LANEPOOL_LANES=urgent,batch LANEPOOL_ROLE=shared LANEPOOL_POOL=jobs \
 //!     LANEPOOL_QUEUE_URL=http://127.0.0.1:9464 cargo run --example lane_worker
@@ -62,8 +75,18 @@ const METRICS_ADDR_ENV: &str = "LANEPOOL_METRICS_ADDR";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before trying again when the queue is unreachable (starting, restarting).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
-/// The longest drain a request can ask for: a drain the operator forgot must still end.
+/// The longest drain a request can ask for: a drain the operator forgot must still end. A
+/// stand-in has the same limit.
 const LONGEST_DRAIN: Duration = Duration::from_secs(3600);
+/// The most lanes a stand-in request may name.
+const MOST_STAND_IN_LANES: usize = 16;
+/// The longest request head the metrics port reads: a stand-in's 16 lanes of 63 bytes fit.
+const LONGEST_REQUEST_HEAD: usize = 4096;
+/// What the metrics port answers to a bad drain request.
+const DRAIN_USAGE: &str = "POST /drain?seconds=N (0 to 3600) stops taking jobs for N seconds\n";
+/// With [`DRAIN_USAGE`], what the metrics port answers to a path it does not know.
+const STAND_IN_USAGE: &str = "POST /stand-in?lanes=L1,L2&seconds=N (0 to 3600) takes jobs from \
+                              these lanes, in this order, instead of its own for N seconds\n";
 
 /// What the environment says this worker is.
 struct Config {
@@ -155,6 +178,51 @@ fn is_lane_name(lane: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// A lane in a stand-in request: a DNS label (`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`, at most 63 bytes).
+fn is_dns_label(lane: &str) -> bool {
+    let alphanumeric = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = lane.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            bytes.len() <= 63
+                && alphanumeric(first)
+                && alphanumeric(last)
+                && bytes.iter().all(|&b| alphanumeric(b) || b == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// What the operator asked of this worker at its metrics port.
+#[derive(Clone, Default)]
+struct Requests {
+    /// Until when to take no new job (`POST /drain`); `None`: not draining.
+    drain_until: Option<Instant>,
+    /// Other lanes to take jobs from for a while (`POST /stand-in`); `None`: its own.
+    stand_in: Option<StandIn>,
+}
+
+/// Take jobs from `lanes`, in this order, instead of the worker's own until `until`.
+#[derive(Clone, PartialEq)]
+struct StandIn {
+    lanes: Vec<String>,
+    /// As asked, for the log.
+    seconds: u64,
+    until: Instant,
+}
+
+impl Requests {
+    fn draining(&self, now: Instant) -> Option<Instant> {
+        self.drain_until.filter(|until| *until > now)
+    }
+
+    fn standing_in(&self, now: Instant) -> Option<&StandIn> {
+        self.stand_in
+            .as_ref()
+            .filter(|stand_in| stand_in.until > now)
+    }
+}
+
 /// A job as the queue hands it out.
 #[derive(serde::Deserialize)]
 struct Job {
@@ -185,10 +253,10 @@ async fn main() -> ExitCode {
     // Jobs this worker finished, and the seconds they ran, per lane: what the operator reads to
     // see a lane's rate seconds old, without waiting for a scrape.
     let finished: Arc<Mutex<Finished>> = Arc::default();
-    // Until when the operator asked this worker to take no new job; `None`: not draining. The
-    // sender lives as long as the worker, so `changed()` only ever wakes for a new request.
-    let (drain_requests, mut drain) = watch::channel(None::<Instant>);
-    let drain_requests = Arc::new(drain_requests);
+    // The operator's drain and stand-in requests. The sender lives as long as the worker, so
+    // `changed()` only ever wakes for a new request.
+    let (requests, mut asked) = watch::channel(Requests::default());
+    let requests = Arc::new(requests);
     if let Ok(addr) = std::env::var(METRICS_ADDR_ENV)
         && !addr.is_empty()
     {
@@ -198,7 +266,7 @@ async fn main() -> ExitCode {
                     listener,
                     busy.clone(),
                     finished.clone(),
-                    drain_requests.clone(),
+                    requests.clone(),
                 ));
             }
             Err(e) => {
@@ -216,29 +284,42 @@ async fn main() -> ExitCode {
         config.queue
     );
     let mut queue = Queue::new(&config.queue);
-    let take_path = format!(
-        "/take?lanes={}&worker={}",
-        config.lanes.join(","),
-        config.name
-    );
 
     let mut was_draining = false;
+    // The stand-in the last take served; `None`: the worker's own lanes.
+    let mut standing_in: Option<StandIn> = None;
     loop {
         if *stop.borrow() {
             break;
         }
+        let current = asked.borrow_and_update().clone();
+        let now = Instant::now();
+        let stand_in = current.standing_in(now).cloned();
+        if stand_in != standing_in {
+            match &stand_in {
+                Some(stand_in) => println!(
+                    "{}: standing in: lanes {} (for {} s)",
+                    config.name,
+                    stand_in.lanes.join(","),
+                    stand_in.seconds
+                ),
+                None => println!(
+                    "{}: stand-in over: lanes {} again",
+                    config.name,
+                    config.lanes.join(",")
+                ),
+            }
+            standing_in = stand_in;
+        }
         // Draining: no new job until the drain ends (or SIGTERM, or a new request).
-        let until = drain
-            .borrow_and_update()
-            .filter(|until| *until > Instant::now());
-        if let Some(until) = until {
+        if let Some(until) = current.draining(now) {
             if !was_draining {
                 println!("{}: draining: no new jobs", config.name);
             }
             was_draining = true;
             tokio::select! {
                 _ = stop.changed() => break,
-                _ = drain.changed() => {}
+                _ = asked.changed() => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
             }
             continue;
@@ -247,44 +328,59 @@ async fn main() -> ExitCode {
             println!("{}: drain over: taking jobs again", config.name);
             was_draining = false;
         }
-        // While waiting for a job there is nothing to finish: SIGTERM or a drain request ends
-        // the wait at once. A job the queue handed out just then goes back to its lane when the
+        let lanes = standing_in.as_ref().map_or(&config.lanes, |s| &s.lanes);
+        let take_path = format!("/take?lanes={}&worker={}", lanes.join(","), config.name);
+        let lapses = standing_in.as_ref().map(|stand_in| stand_in.until);
+        // While waiting for a job there is nothing to finish: SIGTERM, a drain or stand-in
+        // request, or the stand-in's end ends the wait at once, so the next take asks for the
+        // lanes now wanted. A job the queue handed out just then goes back to its lane when the
         // connection closes.
         let answer = tokio::select! {
             _ = stop.changed() => break,
-            _ = drain.changed() => {
+            _ = asked.changed() => {
+                queue.close();
+                continue;
+            }
+            _ = tokio::time::sleep_until(lapses.unwrap_or(now).into()), if lapses.is_some() => {
                 queue.close();
                 continue;
             }
             answer = queue.request("GET", &take_path) => answer,
         };
-        let job: Job = match answer {
+        let job: Option<Job> = match answer {
             Ok((200, body)) => match serde_json::from_str(&body) {
-                Ok(job) => job,
+                Ok(job) => Some(job),
                 Err(e) => {
                     eprintln!(
                         "{}: the queue sent a job this worker cannot read: {e}: {body}",
                         config.name
                     );
-                    tokio::time::sleep(RETRY_AFTER).await;
-                    continue;
+                    None
                 }
             },
             // The long poll ended with nothing in our lanes: ask again.
             Ok((204, _)) => continue,
             Ok((status, body)) => {
                 eprintln!("{}: take refused ({status}): {}", config.name, body.trim());
-                tokio::time::sleep(RETRY_AFTER).await;
-                continue;
+                None
             }
             Err(e) => {
                 eprintln!(
                     "{}: queue unreachable at http://{}: {e}",
                     config.name, config.queue
                 );
-                tokio::time::sleep(RETRY_AFTER).await;
-                continue;
+                None
             }
+        };
+        let Some(job) = job else {
+            // A pause before asking again, which a request ends too: a stand-in naming lanes the
+            // queue refuses is followed at once by the one that corrects it.
+            tokio::select! {
+                _ = stop.changed() => break,
+                _ = asked.changed() => {}
+                _ = tokio::time::sleep(RETRY_AFTER) => {}
+            }
+            continue;
         };
 
         // Run the job to its end, even if SIGTERM arrives meanwhile: no preemption. A real
@@ -330,14 +426,16 @@ async fn main() -> ExitCode {
 }
 
 /// Serves `lanepool_worker_busy`, `lanepool_worker_job_started_timestamp_seconds`,
-/// `lanepool_worker_draining` and `lanepool_job_duration_seconds` on every GET, and takes drain requests (`POST /drain?seconds=N`,
-/// answered with the same gauges): the pod's namespace, pool and name come from Prometheus's
-/// target labels (or, to the operator asking the Pod itself, from the Pod), not from the worker.
+/// `lanepool_worker_draining`, `lanepool_worker_standing_in` and `lanepool_job_duration_seconds`
+/// on every GET, and takes drain requests (`POST /drain?seconds=N`) and stand-in requests
+/// (`POST /stand-in?lanes=L1,L2&seconds=N`), answered with the same gauges: the pod's namespace,
+/// pool and name come from Prometheus's target labels (or, to the operator asking the Pod
+/// itself, from the Pod), not from the worker.
 async fn serve_metrics(
     listener: tokio::net::TcpListener,
     busy: Arc<Mutex<Option<(String, f64)>>>,
     finished: Arc<Mutex<Finished>>,
-    drain: Arc<watch::Sender<Option<Instant>>>,
+    requests: Arc<watch::Sender<Requests>>,
 ) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -345,10 +443,10 @@ async fn serve_metrics(
         };
         let busy = busy.clone();
         let finished = finished.clone();
-        let drain = drain.clone();
+        let requests = requests.clone();
         tokio::spawn(async move {
-            // The request head, which may come in several pieces (up to 1 KiB, for 2 s).
-            let mut request = [0u8; 1024];
+            // The request head, which may come in several pieces (up to 4 KiB, for 2 s).
+            let mut request = vec![0u8; LONGEST_REQUEST_HEAD];
             let mut read = 0;
             let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
             while read < request.len() && !request[..read].windows(4).any(|w| w == b"\r\n\r\n") {
@@ -358,27 +456,29 @@ async fn serve_metrics(
                 }
             }
             let head = String::from_utf8_lossy(&request[..read]);
-            let mut words = head.split_whitespace();
-            let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            let status = match method {
-                "POST" => match drain_request(target) {
-                    Some(Ok(seconds)) => {
-                        let until = (!seconds.is_zero()).then(|| Instant::now() + seconds);
-                        drain.send_replace(until);
-                        "200 OK"
-                    }
-                    Some(Err(())) => "400 Bad Request",
-                    None => "404 Not Found",
-                },
-                _ => "200 OK",
+            let answer = match head.split_once('\n') {
+                Some((line, _)) => follow_request(line, &requests),
+                // A request cut short could name fewer lanes than were sent.
+                None => Err((
+                    "400 Bad Request",
+                    "the request line is incomplete or longer than 4 KiB\n".to_string(),
+                )),
             };
-            let body = if status == "200 OK" {
-                let draining = drain.borrow().is_some_and(|until| until > Instant::now());
-                let mut text = gauges(lock(&busy).as_ref(), draining);
-                text.push_str(&job_durations(&lock(&finished)));
-                text
-            } else {
-                "POST /drain?seconds=N (0 to 3600) stops taking jobs for N seconds\n".to_string()
+            let (status, body) = match answer {
+                Ok(()) => {
+                    let now = Instant::now();
+                    let (draining, standing_in) = {
+                        let current = requests.borrow();
+                        (
+                            current.draining(now).is_some(),
+                            current.standing_in(now).is_some(),
+                        )
+                    };
+                    let mut text = gauges(lock(&busy).as_ref(), draining, standing_in);
+                    text.push_str(&job_durations(&lock(&finished)));
+                    ("200 OK", text)
+                }
+                Err(refused) => refused,
             };
             let response = format!(
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
@@ -388,6 +488,44 @@ async fn serve_metrics(
             let _ = stream.write_all(response.as_bytes()).await;
         });
     }
+}
+
+/// Acts on a request line: a drain or stand-in request changes `requests`, any GET only reads.
+/// `Err`: the status and body to answer instead of the gauges.
+fn follow_request(
+    line: &str,
+    requests: &watch::Sender<Requests>,
+) -> Result<(), (&'static str, String)> {
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    if method != "POST" {
+        return Ok(());
+    }
+    if let Some(drain) = drain_request(target) {
+        let seconds = drain.map_err(|()| ("400 Bad Request", DRAIN_USAGE.to_string()))?;
+        let until = (!seconds.is_zero()).then(|| Instant::now() + seconds);
+        requests.send_modify(|current| {
+            current.drain_until = until;
+            // The worker is about to be stopped: calling this drain off brings back its own
+            // lanes, not a stand-in's.
+            if until.is_some() {
+                current.stand_in = None;
+            }
+        });
+        return Ok(());
+    }
+    if let Some(stand_in) = stand_in_request(target) {
+        let (lanes, seconds) = stand_in
+            .map_err(|reason| ("400 Bad Request", format!("POST /stand-in: {reason}\n")))?;
+        let stand_in = (seconds > 0).then(|| StandIn {
+            lanes,
+            seconds,
+            until: Instant::now() + Duration::from_secs(seconds),
+        });
+        requests.send_modify(|current| current.stand_in = stand_in);
+        return Ok(());
+    }
+    Err(("404 Not Found", format!("{DRAIN_USAGE}{STAND_IN_USAGE}")))
 }
 
 /// `/drain?seconds=N` → how long to drain (`0`: stop draining); `None`: another path;
@@ -404,8 +542,81 @@ fn drain_request(target: &str) -> Option<Result<Duration, ()>> {
     Some(seconds.map(Duration::from_secs_f64).ok_or(()))
 }
 
+/// `/stand-in?lanes=L1,L2&seconds=N` → the lanes to take jobs from, in this order, and for how
+/// many seconds (`0`: its own lanes again at once; `lanes` may then be left out); `None`: another
+/// path; `Err`: what is wrong with the request, in one line.
+fn stand_in_request(target: &str) -> Option<Result<(Vec<String>, u64), String>> {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    (path == "/stand-in").then(|| stand_in_query(query))
+}
+
+fn stand_in_query(query: &str) -> Result<(Vec<String>, u64), String> {
+    const EXPECTED: &str = "expected lanes=L1,L2&seconds=N";
+    let (mut lanes, mut seconds) = (None, None);
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match name {
+            "lanes" => &mut lanes,
+            "seconds" => &mut seconds,
+            _ => return Err(format!("unknown parameter {name:?}, {EXPECTED}")),
+        };
+        if slot.replace(value).is_some() {
+            return Err(format!("{name} is given twice"));
+        }
+    }
+    let longest = LONGEST_DRAIN.as_secs();
+    let Some(seconds_text) = seconds else {
+        return Err(format!(
+            "seconds is missing: a whole number from 0 to {longest}, {EXPECTED}"
+        ));
+    };
+    let seconds = Some(seconds_text)
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s <= longest)
+        .ok_or_else(|| {
+            format!("seconds={seconds_text:?} is not a whole number from 0 to {longest}")
+        })?;
+    let lanes = match lanes {
+        Some(text) => stand_in_lanes(text)?,
+        None if seconds == 0 => Vec::new(),
+        None => {
+            return Err(format!(
+                "lanes is missing: a stand-in for {seconds} s needs the lanes to take jobs from, \
+                 {EXPECTED}"
+            ));
+        }
+    };
+    Ok((lanes, seconds))
+}
+
+/// `L1,L2`: 1 to [`MOST_STAND_IN_LANES`] distinct DNS labels.
+fn stand_in_lanes(text: &str) -> Result<Vec<String>, String> {
+    // A client that form-encodes its query (reqwest's `.query()`) sends each comma as %2C.
+    let text = text.replace("%2C", ",").replace("%2c", ",");
+    let lanes: Vec<String> = text.split(',').map(str::to_string).collect();
+    if lanes.len() > MOST_STAND_IN_LANES {
+        return Err(format!(
+            "lanes names {} lanes, at most {MOST_STAND_IN_LANES}",
+            lanes.len()
+        ));
+    }
+    for (i, lane) in lanes.iter().enumerate() {
+        if !is_dns_label(lane) {
+            return Err(format!(
+                "lane {lane:?} is not a lane name (lowercase letters, digits and '-', \
+                 a letter or digit first and last, at most 63 bytes)"
+            ));
+        }
+        if lanes[..i].contains(lane) {
+            return Err(format!("lane {lane:?} is named twice"));
+        }
+    }
+    Ok(lanes)
+}
+
 /// The worker's gauges in the Prometheus text format.
-fn gauges(busy: Option<&(String, f64)>, draining: bool) -> String {
+fn gauges(busy: Option<&(String, f64)>, draining: bool, standing_in: bool) -> String {
     let sample = match busy {
         Some((lane, _)) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
         None => "lanepool_worker_busy 0".to_string(),
@@ -422,8 +633,12 @@ fn gauges(busy: Option<&(String, f64)>, draining: bool) -> String {
          # HELP lanepool_worker_job_started_timestamp_seconds When the job in hand started\n\
          # TYPE lanepool_worker_job_started_timestamp_seconds gauge\n{started}\
          # HELP lanepool_worker_draining 1 while the worker takes no new job (POST /drain)\n\
-         # TYPE lanepool_worker_draining gauge\nlanepool_worker_draining {}\n",
-        u8::from(draining)
+         # TYPE lanepool_worker_draining gauge\nlanepool_worker_draining {}\n\
+         # HELP lanepool_worker_standing_in 1 while a stand-in request has the worker take other \
+         lanes than its own (POST /stand-in)\n\
+         # TYPE lanepool_worker_standing_in gauge\nlanepool_worker_standing_in {}\n",
+        u8::from(draining),
+        u8::from(standing_in)
     )
 }
 

@@ -2,7 +2,9 @@
 //! (`examples/lane_queue`), both as real processes: a shared worker takes urgent jobs before
 //! batch ones, a reserved worker never takes batch, SIGTERM lets a job finish, a killed worker's
 //! job goes back to its lane, a drained worker finishes its job and takes no new one until its
-//! drain ends, and a bad environment is refused naming the variable.
+//! drain ends, a worker asked to stand in takes the lanes asked for (in their order, waking from
+//! its wait) until the stand-in ends, lapses or a drain ends it, a malformed stand-in is refused
+//! naming what is wrong, and a bad environment is refused naming the variable.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -117,8 +119,13 @@ fn worker(addr: SocketAddr, role: &str, lanes: &str, name: &str) -> Running {
     Running::start(command)
 }
 
-/// A worker that serves its gauges and takes drain requests at a free loopback port.
-fn worker_with_metrics(addr: SocketAddr, name: &str) -> (Running, SocketAddr) {
+/// A worker that serves its gauges and takes the operator's requests at a free loopback port.
+fn worker_with_metrics(
+    addr: SocketAddr,
+    role: &str,
+    lanes: &str,
+    name: &str,
+) -> (Running, SocketAddr) {
     let metrics: SocketAddr = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         probe.local_addr().unwrap()
@@ -126,14 +133,15 @@ fn worker_with_metrics(addr: SocketAddr, name: &str) -> (Running, SocketAddr) {
     let mut command = Command::new(example("lane_worker"));
     command
         .env_clear()
-        .env("LANEPOOL_LANES", "urgent,batch")
-        .env("LANEPOOL_ROLE", "shared")
+        .env("LANEPOOL_LANES", lanes)
+        .env("LANEPOOL_ROLE", role)
         .env("LANEPOOL_POOL", "jobs")
         .env("LANEPOOL_QUEUE_URL", format!("http://{addr}"))
         .env("LANEPOOL_METRICS_ADDR", metrics.to_string())
         .env("HOSTNAME", name);
     let worker = Running::start(command);
-    worker.wait_for_line("start line", |l| l.contains("shared worker of pool jobs"));
+    let started = format!("{role} worker of pool jobs");
+    worker.wait_for_line("start line", |l| l.contains(&started));
     (worker, metrics)
 }
 
@@ -178,10 +186,44 @@ fn wait_for_metric(addr: SocketAddr, name: &str, lane: &str, value: f64) {
     }
 }
 
+/// Waits until `done` holds, for at most 10 s.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "no {what} in 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Puts `count` jobs of `job_ms` in `lane`, as a producer would.
+fn submit(addr: SocketAddr, lane: &str, job_ms: u32, count: u32) {
+    for _ in 0..count {
+        let (status, body) = http(
+            addr,
+            "POST",
+            &format!("/submit?lane={lane}&job_ms={job_ms}"),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
 /// The lanes of the jobs a worker reported, in the order it ran them.
 fn lanes_run(worker: &Running) -> Vec<String> {
-    worker
-        .lines()
+    lanes_of(&worker.lines())
+}
+
+/// The lanes of the jobs a worker reported after its first line that ends with `marker`.
+fn lanes_run_after(worker: &Running, marker: &str) -> Vec<String> {
+    let lines = worker.lines();
+    let from = lines
+        .iter()
+        .position(|l| l.ends_with(marker))
+        .unwrap_or_else(|| panic!("no line ends with {marker:?}: {lines:?}"));
+    lanes_of(&lines[from..])
+}
+
+fn lanes_of(lines: &[String]) -> Vec<String> {
+    lines
         .iter()
         .filter(|l| l.contains(" done in "))
         .filter_map(|l| {
@@ -292,7 +334,7 @@ fn the_job_of_a_killed_worker_goes_back_to_its_lane() {
 #[test]
 fn a_drained_worker_finishes_its_job_takes_no_new_one_and_takes_jobs_again_when_the_drain_ends() {
     let (_queue, addr) = queue(3, "800..800", "1s");
-    let (shared, metrics) = worker_with_metrics(addr, "jobs-shared-1");
+    let (shared, metrics) = worker_with_metrics(addr, "shared", "urgent,batch", "jobs-shared-1");
     wait_for_metric(addr, "lanepool_job_wait_seconds_count", "batch", 1.0); // taken
     let asked = Instant::now();
     let (status, gauges) = http(metrics, "POST", "/drain?seconds=3");
@@ -340,6 +382,317 @@ fn a_drained_worker_finishes_its_job_takes_no_new_one_and_takes_jobs_again_when_
     assert_eq!(http(metrics, "POST", "/other").0, 404);
     let (_, gauges) = http(metrics, "GET", "/metrics");
     assert!(gauges.contains("lanepool_worker_draining 0"), "{gauges}");
+}
+
+#[test]
+fn a_reserved_worker_standing_in_takes_the_lanes_asked_for_until_the_stand_in_is_called_off() {
+    let (_queue, addr) = queue(50, "100..100", "1s");
+    let (reserved, metrics) =
+        worker_with_metrics(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+    let (status, gauges) = http(metrics, "POST", "/stand-in?lanes=urgent,batch&seconds=30");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_standing_in 1"), "{gauges}");
+    reserved.wait_for_line("stand-in start", |l| {
+        l.ends_with(": standing in: lanes urgent,batch (for 30 s)")
+    });
+    wait_until("two batch jobs run by the reserved worker", || {
+        lanes_run(&reserved)
+            .iter()
+            .filter(|l| *l == "batch")
+            .count()
+            >= 2
+    });
+
+    // seconds=0: its own lane again once the job in hand is done.
+    let (status, gauges) = http(metrics, "POST", "/stand-in?seconds=0");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_standing_in 0"), "{gauges}");
+    let over = ": stand-in over: lanes urgent again";
+    reserved.wait_for_line("stand-in over", |l| l.ends_with(over));
+    let batch_left = metric(addr, "lanepool_queue_depth", "batch");
+    assert!(batch_left > 0.0, "the backlog ran out during the stand-in");
+    submit(addr, "urgent", 20, 3);
+    wait_until("three urgent jobs run after the stand-in", || {
+        lanes_run_after(&reserved, over).len() >= 3
+    });
+    std::thread::sleep(Duration::from_millis(300)); // a batch job taken by mistake would show now
+    assert_eq!(lanes_run_after(&reserved, over), ["urgent"; 3]);
+    assert_eq!(metric(addr, "lanepool_queue_depth", "batch"), batch_left);
+}
+
+#[test]
+fn a_shared_worker_standing_in_takes_only_urgent_and_batch_again_at_once_when_it_ends() {
+    let (_queue, addr) = queue(0, "100..100", "5s");
+    let (shared, metrics) = worker_with_metrics(addr, "shared", "urgent,batch", "jobs-shared-1");
+    let (status, gauges) = http(metrics, "POST", "/stand-in?lanes=urgent&seconds=30");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_standing_in 1"), "{gauges}");
+    shared.wait_for_line("stand-in start", |l| {
+        l.ends_with(": standing in: lanes urgent (for 30 s)")
+    });
+    submit(addr, "batch", 100, 2);
+    submit(addr, "urgent", 20, 2);
+    wait_until("two urgent jobs run", || lanes_run(&shared).len() >= 2);
+    std::thread::sleep(Duration::from_millis(300)); // a batch job taken by mistake would show now
+    assert_eq!(lanes_run(&shared), ["urgent"; 2]);
+    assert_eq!(metric(addr, "lanepool_queue_depth", "batch"), 2.0);
+
+    // It now waits in a 5 s long poll on urgent alone: the end of the stand-in ends that wait.
+    let ended = Instant::now();
+    let (status, gauges) = http(metrics, "POST", "/stand-in?seconds=0");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_standing_in 0"), "{gauges}");
+    wait_until("both batch jobs run", || lanes_run(&shared).len() >= 4);
+    assert!(
+        ended.elapsed() < Duration::from_secs(2),
+        "batch taken {:?} after the stand-in ended: the wait was not cut short",
+        ended.elapsed()
+    );
+    assert_eq!(lanes_run(&shared), ["urgent", "urgent", "batch", "batch"]);
+    shared.wait_for_line("stand-in over", |l| {
+        l.ends_with(": stand-in over: lanes urgent,batch again")
+    });
+}
+
+#[test]
+fn a_worker_waiting_on_an_empty_lane_is_woken_by_a_stand_in_request() {
+    let (_queue, addr) = queue(1, "100..100", "5s");
+    let (reserved, metrics) =
+        worker_with_metrics(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+    std::thread::sleep(Duration::from_millis(300)); // inside its 5 s long poll on urgent
+    let asked = Instant::now();
+    let (status, gauges) = http(metrics, "POST", "/stand-in?lanes=batch&seconds=30");
+    assert_eq!(status, 200, "{gauges}");
+    reserved.wait_for_line("the batch job run", |l| l.contains(": batch job 1 done"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "the batch job ran {:?} after the stand-in request: the wait was not cut short",
+        asked.elapsed()
+    );
+}
+
+#[test]
+fn a_new_stand_in_replaces_the_lanes_and_time_of_the_last_and_lapses_by_itself() {
+    let (_queue, addr) = queue(0, "100..100", "5s");
+    let (shared, metrics) = worker_with_metrics(addr, "shared", "urgent,batch", "jobs-shared-1");
+    assert_eq!(
+        http(metrics, "POST", "/stand-in?lanes=batch&seconds=60").0,
+        200
+    );
+    shared.wait_for_line("first stand-in", |l| {
+        l.ends_with(": standing in: lanes batch (for 60 s)")
+    });
+    let replaced = Instant::now();
+    let (status, gauges) = http(metrics, "POST", "/stand-in?lanes=urgent&seconds=2");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_standing_in 1"), "{gauges}");
+    shared.wait_for_line("second stand-in", |l| {
+        l.ends_with(": standing in: lanes urgent (for 2 s)")
+    });
+    submit(addr, "batch", 100, 1);
+    submit(addr, "urgent", 20, 1);
+    wait_until("the urgent job run", || !lanes_run(&shared).is_empty());
+
+    // The batch job waits for the stand-in to lapse; the lapse ends its 5 s wait on urgent.
+    wait_until("the batch job run", || lanes_run(&shared).len() >= 2);
+    let lapsed = replaced.elapsed();
+    assert_eq!(lanes_run(&shared), ["urgent", "batch"]);
+    assert!(
+        lapsed >= Duration::from_secs(2) && lapsed < Duration::from_secs(3),
+        "batch taken {lapsed:?} after a 2 s stand-in on urgent began"
+    );
+    shared.wait_for_line("stand-in over", |l| {
+        l.ends_with(": stand-in over: lanes urgent,batch again")
+    });
+    let (_, gauges) = http(metrics, "GET", "/metrics");
+    assert!(gauges.contains("lanepool_worker_standing_in 0"), "{gauges}");
+}
+
+#[test]
+fn a_stand_in_asked_during_a_drain_takes_its_lanes_in_their_order_once_the_drain_ends() {
+    let (_queue, addr) = queue(0, "50..50", "1s");
+    let (shared, metrics) = worker_with_metrics(addr, "shared", "urgent,batch", "jobs-shared-1");
+    assert_eq!(http(metrics, "POST", "/drain?seconds=60").0, 200);
+    shared.wait_for_line("drain start", |l| l.ends_with(": draining: no new jobs"));
+    let (status, gauges) = http(metrics, "POST", "/stand-in?lanes=batch,urgent&seconds=30");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(
+        gauges.contains("lanepool_worker_standing_in 1")
+            && gauges.contains("lanepool_worker_draining 1"),
+        "{gauges}"
+    );
+    submit(addr, "urgent", 20, 2);
+    submit(addr, "batch", 50, 2);
+    std::thread::sleep(Duration::from_millis(300)); // a job taken while draining would show now
+    assert!(lanes_run(&shared).is_empty(), "{:?}", shared.lines());
+
+    let (_, gauges) = http(metrics, "POST", "/drain?seconds=0");
+    assert!(
+        gauges.contains("lanepool_worker_draining 0")
+            && gauges.contains("lanepool_worker_standing_in 1"),
+        "{gauges}"
+    );
+    wait_until("all four jobs run", || lanes_run(&shared).len() >= 4);
+    assert_eq!(lanes_run(&shared), ["batch", "batch", "urgent", "urgent"]);
+}
+
+#[test]
+fn a_drain_ends_a_stand_in_and_calling_the_drain_off_brings_back_the_workers_own_lanes() {
+    let (_queue, addr) = queue(0, "100..100", "1s");
+    let (reserved, metrics) =
+        worker_with_metrics(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+    assert_eq!(
+        http(metrics, "POST", "/stand-in?lanes=batch&seconds=60").0,
+        200
+    );
+    reserved.wait_for_line("stand-in start", |l| {
+        l.ends_with(": standing in: lanes batch (for 60 s)")
+    });
+    let (status, gauges) = http(metrics, "POST", "/drain?seconds=60");
+    assert_eq!(status, 200, "{gauges}");
+    assert!(
+        gauges.contains("lanepool_worker_draining 1")
+            && gauges.contains("lanepool_worker_standing_in 0"),
+        "{gauges}"
+    );
+    reserved.wait_for_line("stand-in over", |l| {
+        l.ends_with(": stand-in over: lanes urgent again")
+    });
+
+    let (_, gauges) = http(metrics, "POST", "/drain?seconds=0");
+    assert!(
+        gauges.contains("lanepool_worker_draining 0")
+            && gauges.contains("lanepool_worker_standing_in 0"),
+        "{gauges}"
+    );
+    submit(addr, "batch", 100, 1);
+    submit(addr, "urgent", 20, 1);
+    wait_until("the urgent job run", || !lanes_run(&reserved).is_empty());
+    std::thread::sleep(Duration::from_millis(300)); // a batch job taken by mistake would show now
+    assert_eq!(lanes_run(&reserved), ["urgent"]);
+    assert_eq!(metric(addr, "lanepool_queue_depth", "batch"), 1.0);
+}
+
+#[test]
+fn a_malformed_stand_in_request_is_refused_naming_what_is_wrong_and_changes_nothing() {
+    let (_queue, addr) = queue(0, "100..100", "1s");
+    let (reserved, metrics) =
+        worker_with_metrics(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+    assert_eq!(
+        http(metrics, "POST", "/stand-in?lanes=batch&seconds=60").0,
+        200
+    );
+    reserved.wait_for_line("stand-in start", |l| l.contains(": standing in: "));
+
+    let seventeen: Vec<String> = (1..=17).map(|i| format!("lane-{i}")).collect();
+    let seventeen = seventeen.join(",");
+    let too_long = "a".repeat(64);
+    let cases: Vec<(String, &str)> = vec![
+        ("/stand-in".into(), "seconds is missing"),
+        ("/stand-in?lanes=urgent".into(), "seconds is missing"),
+        ("/stand-in?lanes=urgent&seconds=".into(), "seconds=\"\""),
+        (
+            "/stand-in?lanes=urgent&seconds=3601".into(),
+            "seconds=\"3601\"",
+        ),
+        ("/stand-in?lanes=urgent&seconds=-1".into(), "seconds=\"-1\""),
+        (
+            "/stand-in?lanes=urgent&seconds=1.5".into(),
+            "seconds=\"1.5\"",
+        ),
+        ("/stand-in?seconds=30".into(), "lanes is missing"),
+        ("/stand-in?lanes=&seconds=30".into(), "lane \"\""),
+        (
+            "/stand-in?lanes=Urgent&seconds=30".into(),
+            "lane \"Urgent\"",
+        ),
+        (
+            "/stand-in?lanes=-urgent&seconds=30".into(),
+            "lane \"-urgent\"",
+        ),
+        (
+            "/stand-in?lanes=urgent-&seconds=30".into(),
+            "lane \"urgent-\"",
+        ),
+        (
+            "/stand-in?lanes=urgent,,batch&seconds=30".into(),
+            "lane \"\"",
+        ),
+        (format!("/stand-in?lanes={too_long}&seconds=30"), &too_long),
+        (
+            format!("/stand-in?lanes={seventeen}&seconds=30"),
+            "17 lanes",
+        ),
+        (
+            "/stand-in?lanes=urgent,batch,urgent&seconds=30".into(),
+            "lane \"urgent\" is named twice",
+        ),
+        ("/stand-in?lanes=Urgent&seconds=0".into(), "lane \"Urgent\""),
+        (
+            "/stand-in?lanes=urgent&seconds=30&seconds=0".into(),
+            "seconds is given twice",
+        ),
+        ("/stand-in?lane=urgent&seconds=30".into(), "\"lane\""),
+    ];
+    for (path, named) in &cases {
+        let (status, body) = http(metrics, "POST", path);
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(
+            body.ends_with('\n') && body.lines().count() == 1 && body.contains(named),
+            "{path}: not one line naming {named:?}: {body:?}"
+        );
+    }
+    let (status, help) = http(metrics, "POST", "/stand-ins?lanes=urgent&seconds=30");
+    assert_eq!(status, 404, "{help}");
+    assert!(
+        help.contains("POST /stand-in?lanes=L1,L2&seconds=N") && help.contains("POST /drain"),
+        "{help}"
+    );
+
+    // Still standing in for batch, as first asked.
+    let (_, gauges) = http(metrics, "GET", "/metrics");
+    assert!(gauges.contains("lanepool_worker_standing_in 1"), "{gauges}");
+    submit(addr, "batch", 100, 1);
+    reserved.wait_for_line("the batch job run", |l| l.contains(": batch job "));
+    let stand_in_lines: Vec<String> = reserved
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("standing in") || l.contains("stand-in over"))
+        .collect();
+    assert_eq!(
+        stand_in_lines,
+        ["jobs-urgent-reserved-1: standing in: lanes batch (for 60 s)"]
+    );
+}
+
+#[test]
+fn the_longest_stand_in_request_and_form_encoded_commas_are_understood() {
+    let (_queue, addr) = queue(0, "100..100", "1s");
+    let (reserved, metrics) =
+        worker_with_metrics(addr, "reserved", "urgent", "jobs-urgent-reserved-1");
+    // 16 lanes of 63 bytes: a request line longer than 1 KiB.
+    let lanes: Vec<String> = (0..16)
+        .map(|i| format!("{}{i:02}", "l".repeat(61)))
+        .collect();
+    let lanes = lanes.join(",");
+    let (status, gauges) = http(
+        metrics,
+        "POST",
+        &format!("/stand-in?lanes={lanes}&seconds=3600"),
+    );
+    assert_eq!(status, 200, "{gauges}");
+    assert!(gauges.contains("lanepool_worker_standing_in 1"), "{gauges}");
+    let started = format!(": standing in: lanes {lanes} (for 3600 s)");
+    reserved.wait_for_line("the long stand-in", |l| l.ends_with(&started));
+
+    // reqwest's `.query()` sends a comma as %2C.
+    let (status, gauges) = http(metrics, "POST", "/stand-in?lanes=batch%2Curgent&seconds=30");
+    assert_eq!(status, 200, "{gauges}");
+    reserved.wait_for_line("the encoded stand-in", |l| {
+        l.ends_with(": standing in: lanes batch,urgent (for 30 s)")
+    });
+    submit(addr, "batch", 100, 1);
+    reserved.wait_for_line("the batch job run", |l| l.contains(": batch job "));
 }
 
 #[test]

@@ -47,9 +47,11 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
     answers
 }
 
-/// Advances the drains of the pool's shrinking Deployments (`shrinks`, as decided, whether or
-/// not the surge lets them go yet) and calls off those of Deployments that no longer shrink.
+/// Advances the drains of the pool's shrinking Deployments (`shrinks`: those the surge lets
+/// shrink now) and calls off those of Deployments that no longer shrink. A
+/// drain that starts takes first the workers that `standing_in` names for its Deployment.
 /// Returns the Deployments whose shrink must still wait for its drained workers.
+#[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn drain_before_shrinks(
     pool: &LanePool,
     ctx: &Context,
