@@ -181,7 +181,7 @@ async fn advance(
 }
 
 /// "shared workers" or "reserved workers of lane L", for the event.
-pub(super) fn workers_of(shrink: &Shrink) -> String {
+fn workers_of(shrink: &Shrink) -> String {
     match shrink.lanes.as_slice() {
         [lane] if shrink.deployment.ends_with("-reserved") => {
             format!("reserved workers of lane {lane}")

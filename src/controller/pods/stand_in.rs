@@ -123,16 +123,19 @@ pub(in crate::controller) async fn stand_in_during_surges(
             continue;
         }
         let names: Vec<&str> = set.pods.iter().map(String::as_str).collect();
+        // Only shared workers stand in: a stand-in narrows a worker's lanes.
+        let n = set.pods.len();
+        let (who, serve) = match n {
+            1 => ("shared worker", "serves"),
+            _ => ("shared workers", "serve"),
+        };
+        let lanes = match wanted.serves.len() {
+            1 => "lane",
+            _ => "lanes",
+        };
         let note = format!(
-            "{} {} serve {} {} until the new workers are ready, before Deployment \
+            "{n} {who} {serve} {lanes} {} until the new workers are ready, before Deployment \
              {deployment} shrinks {} → {} (at most {}): {}",
-            set.pods.len(),
-            super::drain::workers_of(&wanted.shrink),
-            if wanted.serves.len() == 1 {
-                "lane"
-            } else {
-                "lanes"
-            },
             wanted.serves.join(", "),
             wanted.shrink.live,
             wanted.shrink.to,
