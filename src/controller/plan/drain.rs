@@ -191,14 +191,7 @@ pub(in crate::controller) fn called_off(
     drains: &mut BTreeMap<String, Drain>,
     shrinks: &[Shrink],
 ) -> Vec<(String, Drain)> {
-    let off: Vec<String> = drains
-        .keys()
-        .filter(|d| !shrinks.iter().any(|s| s.deployment == **d))
-        .cloned()
-        .collect();
-    off.into_iter()
-        .filter_map(|d| drains.remove_entry(&d))
-        .collect()
+    super::take_out_others(drains, |d| shrinks.iter().any(|s| s.deployment == d))
 }
 
 /// How soon to come back for the pool's drains: soon while a drained worker is busy, before

@@ -343,6 +343,22 @@ fn ready_replicas(deployment: &Deployment) -> i32 {
         .unwrap_or(0)
 }
 
+/// Takes the entries of the Deployments that `still` does not name out of `by_deployment`.
+fn take_out_others<V>(
+    by_deployment: &mut BTreeMap<String, V>,
+    still: impl Fn(&str) -> bool,
+) -> Vec<(String, V)> {
+    let others: Vec<String> = by_deployment
+        .keys()
+        .filter(|d| !still(d))
+        .cloned()
+        .collect();
+    others
+        .into_iter()
+        .filter_map(|d| by_deployment.remove_entry(&d))
+        .collect()
+}
+
 /// The lanes a role's workers take jobs from, in priority order.
 fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
     match role {

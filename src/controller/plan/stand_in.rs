@@ -85,14 +85,9 @@ pub(in crate::controller) fn ended(
     stand_ins: &mut BTreeMap<String, StandIns>,
     waiting: &[StandIn],
 ) -> Vec<(String, StandIns)> {
-    let off: Vec<String> = stand_ins
-        .keys()
-        .filter(|d| !waiting.iter().any(|s| s.shrink.deployment == **d))
-        .cloned()
-        .collect();
-    off.into_iter()
-        .filter_map(|d| stand_ins.remove_entry(&d))
-        .collect()
+    super::take_out_others(stand_ins, |d| {
+        waiting.iter().any(|s| s.shrink.deployment == d)
+    })
 }
 
 /// How long to ask a worker to stand in for: until the surge's limit (`surge_ends`) and
