@@ -418,9 +418,8 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
         "the shared workers to stop did not stand in while the new reserved workers started"
     );
     assert_eq!(shrunk.drained_before_ready, 0);
-    // Whether a job was cut short is the drain test's (above): here a drain request that misses
-    // its 500 ms under the whole suite's load (counted as a refusal) lets a busy worker go, as it
-    // would without stand-ins.
+    // Whether a job was cut short is the drain test's (above); here it is only printed: once,
+    // under the whole suite's load, one was, for a cause not found (docs/testing.md).
     println!("stand-in world: {} batch jobs cut short", shrunk.cut_short);
     assert!(
         shrunk.growth >= Duration::from_secs(4),
