@@ -3,8 +3,8 @@
 //! workers' own counts at once, then every lane's job time) and **decide** (`crate::sizing`);
 //! **plan** the rollout (`plan/`: growth first, a shrink after the surge and its drain); **apply
 //! the growth**; while a shrink waits for it, have the workers it will stop **stand in** for
-//! the new ones (`pods/stand_in.rs`); **drain** the workers a shrink stops (`pods/drain.rs`); **rank** the Pods of the
-//! Deployments that shrink now (`pods/rank.rs`); **apply the rest**; **report** the decision
+//! the new ones (`pods/stand_in.rs`); **drain** the workers a shrink stops (`pods/drain.rs`);
+//! **rank** the Pods of the Deployments that shrink now (`pods/rank.rs`); **apply the rest**; **report** the decision
 //! (`report.rs`); **requeue**. Each stage is entered once, and the pool's memory is written back
 //! at one point whatever the walk's outcome. Errors the CRD cannot catch (a missing Secret, a URL
 //! not allowed, a name taken) set Ready=False and are retried with backoff, without touching
@@ -153,27 +153,23 @@ impl Walk<'_> {
         let rollout = plan::rollout(pool, &live, &target, own, &surge, rules);
         let surge_ended = memory.surging(&rollout, now);
         surge_end(ctx, surge_ended);
+        // The latest a waiting shrink waits for the Deployments taking over.
+        let surge_ends = memory.surge_since.unwrap_or(now) + ctx.settings.surge_timeout;
         let last = memory.applied.clone().or(start.current.clone());
         let deployments = apply::Deployments::new(pool, ctx, &live, last);
         // Apply the growth, alone, before any shrinking Deployment's Pod is asked anything.
         if let Some(growth) = &rollout.growth {
             deployments.apply(growth).await?;
         }
-        // Drain, then rank: a shrink waits for the workers it stops, and goes idle workers first.
+        // Stand in, drain, then rank: a shrink waits for the workers it stops, and goes idle
+        // workers first.
         let release = self
-            .drain_and_rank(&pods, memory, &live, &rollout, rules)
+            .drain_and_rank(&pods, memory, &live, &rollout, rules, surge_ends)
             .await;
         // Apply the rest; remove what no lane runs once its workers may go.
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
-        let held = rollout.held(
-            pool,
-            &target,
-            &release,
-            &memory.drains,
-            memory.surge_since.unwrap_or(now) + ctx.settings.surge_timeout,
-            now,
-        );
+        let held = rollout.held(pool, &target, &release, &memory.drains, surge_ends, now);
         let running = release.replicas.clone();
         memory.rolled_out(release, generation);
         // Report, with what runs beside what was decided.
@@ -251,8 +247,9 @@ impl Walk<'_> {
         Ok(decision)
     }
 
-    /// Advances the drains (calling off those whose shrink is gone), then ranks each Deployment
-    /// that shrinks now, its drained workers first; returns what goes out.
+    /// Advances the stand-ins of the shrinks waiting for the surge (until `surge_ends`) and the
+    /// drains (calling off those whose shrink is gone), then ranks each Deployment that shrinks
+    /// now, its drained workers first; returns what goes out.
     async fn drain_and_rank(
         &self,
         pods: &PoolPods<'_>,
@@ -260,6 +257,7 @@ impl Walk<'_> {
         live: &BTreeMap<String, Deployment>,
         rollout: &plan::Rollout,
         rules: Rules,
+        surge_ends: Duration,
     ) -> plan::Release {
         let (pool, ctx) = (self.pool, self.ctx);
         let measured = LastMeasured {
@@ -268,7 +266,6 @@ impl Walk<'_> {
         };
         // While a shrink waits for the surge, its workers that will stop stand in for the new
         // ones; once it goes, the drain takes those first, and sends back none it leaves.
-        let surge_ends = memory.surge_since.unwrap_or(self.now) + ctx.settings.surge_timeout;
         let stood_in = pods::stand_in::stand_in_during_surges(
             pool,
             ctx,

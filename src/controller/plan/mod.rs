@@ -189,18 +189,18 @@ pub(super) fn rollout(
     // own: a shared worker stands in for a reserved one, never the other way, since a reserved
     // worker given the batch lane could take a long job it cannot give back should the reserve
     // grow again.
-    let starting: Vec<&Role> = roles
+    let starting: BTreeSet<String> = roles
         .iter()
         .zip(&counts)
         .filter(|(_, c)| step_now.waiting && c.takes_over && c.ready < c.target)
-        .map(|((_, role, _), _)| role)
+        .flat_map(|((_, role, _), _)| lanes_of(pool, role))
         .collect();
     let serves: Vec<String> = pool
         .spec
         .lanes
         .iter()
         .map(|l| l.name.clone())
-        .filter(|lane| starting.iter().any(|r| lanes_of(pool, r).contains(lane)))
+        .filter(|lane| starting.contains(lane))
         .collect();
     let stand_ins = roles
         .iter()
@@ -209,8 +209,8 @@ pub(super) fn rollout(
         .filter(|_| rules.drain && !serves.is_empty())
         .filter_map(|(((name, role, _), c), now)| {
             let live = c.live.filter(|live| c.target < *live && now >= live)?;
-            let own = lanes_of(pool, role);
-            if !serves.iter().all(|lane| own.contains(lane)) {
+            let lanes = lanes_of(pool, role);
+            if !serves.iter().all(|lane| lanes.contains(lane)) {
                 return None;
             }
             Some(StandIn {
@@ -218,7 +218,7 @@ pub(super) fn rollout(
                     deployment: name.clone(),
                     live,
                     to: c.target,
-                    lanes: lanes_of(pool, role),
+                    lanes,
                 },
                 serves: serves.clone(),
             })

@@ -1,8 +1,9 @@
 //! Stand-ins while a surge waits, without I/O: a Deployment that shrinks by k once the
 //! Deployments taking over are ready has its k workers that will stop (the drain's pick) serve
 //! the new workers' lanes until then (`POST /stand-in`), when those are among their own (shared
-//! workers for a growing reserve), so a reserve grows at once rather than a pod start later. A stand-in never holds anything back, and one the operator
-//! forgets lapses in the worker. The requests go out from `pods/stand_in.rs`.
+//! workers for a growing reserve), so a reserve grows at once rather than a pod start later. A
+//! stand-in never holds anything back, and one the operator forgets lapses in the worker. The
+//! requests go out from `pods/stand_in.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

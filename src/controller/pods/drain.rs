@@ -11,40 +11,30 @@ use std::time::Duration;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::rank::{LastMeasured, read_work};
+use super::rank::{LastMeasured, candidates, read_work};
 use super::text::read_answer;
 use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::plan::Shrink;
-use crate::controller::plan::drain::{self, Answer, Candidate, Drain};
+use crate::controller::plan::drain::{self, Answer, Drain};
 use crate::duration::human_seconds;
 
 /// Asks each of `workers` to drain for its seconds (`0`: stop draining); their answers by name
 /// (`Refused` too for a worker with no metrics port, no answer in time, or a redirect).
 async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<String, Answer> {
-    let mut answers = BTreeMap::new();
-    let mut reachable = Vec::new();
-    for (worker, seconds) in workers {
-        match &worker.address {
-            Some(address) => reachable.push((worker.name.clone(), address.clone(), seconds)),
-            None => {
-                answers.insert(worker.name.clone(), Answer::Refused);
-            }
-        }
-    }
-    let reachable = reachable
+    let requests = workers
         .into_iter()
-        .map(|(name, address, seconds)| (name, address, format!("/drain?seconds={seconds}")))
+        .map(|(worker, seconds)| (worker, format!("/drain?seconds={seconds}")))
         .collect();
-    for (name, answer) in pods.post(reachable).await {
-        let answer = match answer {
-            Ok((status, text)) => read_answer(status, &text),
-            Err(_) => Answer::Refused,
-        };
-        answers.insert(name, answer);
-    }
-    answers
+    pods.post(requests)
+        .await
+        .into_iter()
+        .map(|(name, answer)| match answer {
+            Ok((status, text)) => (name, read_answer(status, &text)),
+            Err(_) => (name, Answer::Refused),
+        })
+        .collect()
 }
 
 /// Advances the drains of the pool's shrinking Deployments (`shrinks`: those the surge lets
@@ -122,16 +112,9 @@ async fn advance(
             .iter()
             .filter_map(|lane| reading.job_seconds.get(lane).copied())
             .collect();
-        let candidates: Vec<Candidate> = live
-            .iter()
-            .map(|w| Candidate {
-                name: w.name.clone(),
-                ready: w.ready,
-                cost: reading.cost(&w.name),
-                draining: drain.pods.contains_key(&w.name)
-                    || stood_in.is_some_and(|s| s.contains(&w.name)),
-            })
-            .collect();
+        let candidates = candidates(&reading, &live, |name| {
+            drain.pods.contains_key(name) || stood_in.is_some_and(|s| s.contains(name))
+        });
         called_back = drain.start(
             shrink,
             &candidates,

@@ -37,6 +37,8 @@ pub(crate) enum Refused {
     NoClient,
     #[error("not asked: this replica's leader lease was not seen renewed in time")]
     NotLeader,
+    #[error("no container port named metrics")]
+    NoMetricsPort,
 }
 
 impl Refused {
@@ -51,7 +53,8 @@ impl Refused {
             | Self::Status(_)
             | Self::OutOfTime
             | Self::NoClient
-            | Self::NotLeader => None,
+            | Self::NotLeader
+            | Self::NoMetricsPort => None,
         }
     }
 }

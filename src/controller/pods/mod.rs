@@ -1,10 +1,11 @@
 //! Everything that talks to worker Pods, and nothing else does: one snapshot of the pool's own
 //! workers per reconcile, from the watch caches of the pools' Pods and ReplicaSets (`owners.rs`
 //! says whose a Pod is, `worker.rs` what is kept of it), their
-//! `/metrics` answers, each asked at most once per reconcile and read in `text.rs`, drain requests
-//! and stand-in requests and deletion costs, all through one client that follows no redirect and reads capped answers
-//! (`http.rs`), within one time budget. The stages that use them: the reads (`reads.rs`), the
-//! drains (`drain.rs`) and the ranking (`rank.rs`). What a Pod answers is never trusted beyond
+//! `/metrics` answers, each asked at most once per reconcile and read in `text.rs`, drain and
+//! stand-in requests and deletion costs, all through one client that follows no redirect and
+//! reads capped answers (`http.rs`), within one time budget. The stages that use them: the reads
+//! (`reads.rs`), the stand-ins (`stand_in.rs`), the drains (`drain.rs`) and the ranking
+//! (`rank.rs`). What a Pod answers is never trusted beyond
 //! those caps, and a refused answer is an answer not given.
 
 pub(super) mod drain;
@@ -209,22 +210,28 @@ impl PoolPods<'_> {
         known
     }
 
-    /// A `POST` of its path (a drain or stand-in request) to each of `pods`, (name, metrics
-    /// address, path): (pod name, the status and text of its answer, or why there is none).
+    /// A `POST` of its path (a drain or stand-in request) to each worker at its metrics port:
+    /// (pod name, the status and text of its answer, or why there is none).
     pub(super) async fn post(
         &self,
-        pods: Vec<(String, String, String)>,
+        requests: Vec<(&Worker, String)>,
     ) -> Vec<(String, Result<(u16, String), Refused>)> {
-        futures::stream::iter(pods)
+        // Owned from here: futures that borrow the workers fail the controller's bound on a
+        // reconcile's future ("`FnOnce` is not general enough").
+        let requests: Vec<(String, Option<String>, String)> = requests
+            .into_iter()
+            .map(|(worker, path)| (worker.name.clone(), worker.address.clone(), path))
+            .collect();
+        futures::stream::iter(requests)
             .map(|(name, address, path)| async move {
-                let answer = if self.ctx.may_write() {
-                    self.request(|| http::post(&address, &path)).await
-                } else {
-                    Err(Refused::NotLeader)
+                let answer = match &address {
+                    None => Err(Refused::NoMetricsPort),
+                    Some(_) if !self.ctx.may_write() => Err(Refused::NotLeader),
+                    Some(address) => self.request(|| http::post(address, &path)).await,
                 };
                 if let Err(refused) = &answer {
                     count(self.ctx, refused);
-                    debug!(pod = %name, %address, %path, error = %refused, "worker not asked");
+                    debug!(pod = %name, ?address, %path, error = %refused, "worker not asked");
                 }
                 (name, answer)
             })

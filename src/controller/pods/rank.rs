@@ -19,6 +19,7 @@ use crate::controller::measure::busy_workers;
 use crate::controller::plan::cost::{
     Reading, Sample, Work, busy_pods, cost_changes, expected_left,
 };
+use crate::controller::plan::drain::Candidate;
 use crate::controller::plan::grace::grace_seconds;
 use crate::prometheus::Connection;
 
@@ -78,6 +79,23 @@ pub(in crate::controller) async fn read_work(
         now,
         answered,
     })
+}
+
+/// The workers of `live` as a drain or the stand-ins choose among them: ready or not, and their
+/// idle-first cost in `reading`; `chosen` names those already chosen (they stay first).
+pub(in crate::controller) fn candidates(
+    reading: &Reading,
+    live: &[&Worker],
+    chosen: impl Fn(&str) -> bool,
+) -> Vec<Candidate> {
+    live.iter()
+        .map(|w| Candidate {
+            name: w.name.clone(),
+            ready: w.ready,
+            cost: reading.cost(&w.name),
+            draining: chosen(&w.name),
+        })
+        .collect()
 }
 
 /// Ranks the workers of `deployment` for deletion, the `drained` ones first of all: no other Pod

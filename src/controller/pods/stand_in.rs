@@ -1,9 +1,8 @@
 //! Stand-ins, the asking: while the shared Deployment's shrink waits for a growing reserve, the
 //! shared workers it will stop are asked at their `metrics` port to take only the reserve's lane
 //! (`POST /stand-in?lanes=…&seconds=N`), so a grown reserve serves at once instead of a pod start
-//! later. When the surge is over they are drained
-//! (which ends a stand-in in the worker) or sent back to their own lanes (`seconds=0`). Which
-//! workers and for how long: `plan/stand_in.rs`. A worker that does not stand in (a 404, no
+//! later. When the surge is over they are drained (which ends a stand-in in the worker) or sent
+//! back to their own lanes (`seconds=0`). Which workers and for how long: `plan/stand_in.rs`. A worker that does not stand in (a 404, no
 //! answer, no `lanepool_worker_standing_in 1`) keeps its role until it is replaced, as before.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,13 +11,12 @@ use std::time::Duration;
 use kube::runtime::events::EventType;
 use tracing::{debug, info};
 
-use super::rank::{LastMeasured, read_work};
+use super::rank::{LastMeasured, candidates, read_work};
 use super::text::gauge_values;
 use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::plan::StandIn;
-use crate::controller::plan::drain::Candidate;
 use crate::controller::plan::stand_in::{self, StandIns};
 use crate::controller::protocol::STANDING_IN_METRIC;
 use crate::duration::human_seconds;
@@ -30,32 +28,29 @@ async fn ask(
     workers: Vec<(&Worker, u64)>,
     lanes: &[String],
 ) -> BTreeMap<String, bool> {
-    let mut answers = BTreeMap::new();
-    let mut reachable = Vec::new();
-    for (worker, seconds) in workers {
-        match &worker.address {
-            Some(address) => {
-                let path = match seconds {
-                    0 => "/stand-in?seconds=0".to_string(),
-                    _ => format!("/stand-in?lanes={}&seconds={seconds}", lanes.join(",")),
-                };
-                reachable.push((worker.name.clone(), address.clone(), path));
-            }
-            None => {
-                answers.insert(worker.name.clone(), false);
-            }
-        }
-    }
-    for (name, answer) in pods.post(reachable).await {
-        let standing_in = match answer {
-            Ok((200, text)) => gauge_values(&text, STANDING_IN_METRIC)
-                .iter()
-                .any(|v| *v > 0.0),
-            Ok(_) | Err(_) => false,
-        };
-        answers.insert(name, standing_in);
-    }
-    answers
+    let requests = workers
+        .into_iter()
+        .map(|(worker, seconds)| match seconds {
+            0 => (worker, "/stand-in?seconds=0".to_string()),
+            _ => (
+                worker,
+                format!("/stand-in?lanes={}&seconds={seconds}", lanes.join(",")),
+            ),
+        })
+        .collect();
+    pods.post(requests)
+        .await
+        .into_iter()
+        .map(|(name, answer)| {
+            let standing_in = match answer {
+                Ok((200, text)) => gauge_values(&text, STANDING_IN_METRIC)
+                    .iter()
+                    .any(|v| *v > 0.0),
+                Ok(_) | Err(_) => false,
+            };
+            (name, standing_in)
+        })
+        .collect()
 }
 
 /// Starts (or re-chooses) the stand-ins of the shrinks waiting for the surge (`waiting`), each
@@ -84,20 +79,19 @@ pub(in crate::controller) async fn stand_in_during_surges(
         if !set.starting(wanted) {
             continue;
         }
+        // Only a worker with a metrics port can be asked: without one, nothing to read either.
+        if live.iter().all(|w| w.address.is_none()) {
+            debug!(deployment, "no stand-ins: no worker has a metrics port");
+            set.started = true;
+            continue;
+        }
         let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
             debug!(deployment, "no stand-ins: no worker answered");
             set.started = true;
             continue;
         };
-        let candidates: Vec<Candidate> = live
-            .iter()
-            .map(|w| Candidate {
-                name: w.name.clone(),
-                ready: w.ready,
-                cost: reading.cost(&w.name),
-                draining: false,
-            })
-            .collect();
+        // `start` puts those standing in already first.
+        let candidates = candidates(&reading, &live, |_| false);
         let (asked, called_back) = set.start(wanted, &candidates);
         let seconds = stand_in::lapse(surge_ends, now);
         let by_name: BTreeMap<&str, &Worker> = live.iter().map(|w| (w.name.as_str(), *w)).collect();

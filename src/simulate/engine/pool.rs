@@ -275,14 +275,7 @@ impl Pool {
                     continue;
                 }
                 left -= 1;
-                if busy {
-                    self.workers[id].leaving = true;
-                } else {
-                    if w.state == State::Idle {
-                        self.leave_idle(id);
-                    }
-                    self.workers[id].state = State::Gone;
-                }
+                self.retire(id);
             }
         }
     }
