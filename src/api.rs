@@ -143,6 +143,15 @@ pub struct LanePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared: Option<SharedWorkers>,
 
+    /// Jobs one worker (one Pod) runs at once: a Celery worker's --concurrency, a worker with
+    /// several threads. Reserves are sized in job slots (the queueing model with workers ×
+    /// slotsPerWorker servers) and rounded up to whole workers; reserve.min, reserve.max and the
+    /// pool's size stay in workers. Every container gets it as LANEPOOL_SLOTS when it is not 1.
+    /// Default 1; from 1 to 1024.
+    #[serde(default = "default_slots_per_worker")]
+    #[schemars(range(min = 1, max = MOST_SLOTS_PER_WORKER))]
+    pub slots_per_worker: i32,
+
     /// The worker pod template. The operator adds LANEPOOL_LANES, LANEPOOL_ROLE and LANEPOOL_POOL
     /// to every container and the labels lanepool.dev/pool and lanepool.dev/role.
     pub template: PodTemplateSpec,
@@ -543,6 +552,9 @@ pub fn check_headroom(headroom: f64) -> Result<(), String> {
         ))
     }
 }
+/// The most jobs one worker may run at once (`spec.slotsPerWorker`).
+pub const MOST_SLOTS_PER_WORKER: i32 = 1024;
+
 /// `spec.interval` when not set.
 pub const DEFAULT_INTERVAL: &str = "5s";
 /// `spec.scaleDown.stabilizationWindow` when not set.
@@ -553,6 +565,9 @@ fn default_headroom() -> f64 {
 }
 fn default_interval() -> KubeDuration {
     KubeDuration::new(DEFAULT_INTERVAL)
+}
+fn default_slots_per_worker() -> i32 {
+    1
 }
 fn default_reserve_min() -> i32 {
     1

@@ -116,6 +116,7 @@ async fn defaults_are_filled_in_by_the_api_server() {
     assert_eq!(spec["lanes"][0]["reserve"]["min"], json!(1));
     assert_eq!(spec["lanes"][0]["reserve"]["sizing"], json!("Queueing"));
     assert_eq!(spec["shared"]["minReplicas"], json!(1));
+    assert_eq!(spec["slotsPerWorker"], json!(1));
 }
 
 #[tokio::test]
@@ -172,6 +173,7 @@ async fn every_field_round_trips_through_the_api() {
             replicas: None,
             min_replicas: 3,
         }),
+        slots_per_worker: 4,
         template,
         prometheus: Some(PrometheusSource {
             url: Some("https://prometheus.example:9090".into()),
@@ -241,6 +243,16 @@ async fn bad_manifests_are_refused_with_the_field_named() {
             "huge-headroom",
             Box::new(|s| s["headroom"] = json!(11)),
             &["spec.headroom"],
+        ),
+        (
+            "no-slots",
+            Box::new(|s| s["slotsPerWorker"] = json!(0)),
+            &["spec.slotsPerWorker"],
+        ),
+        (
+            "too-many-slots",
+            Box::new(|s| s["slotsPerWorker"] = json!(1025)),
+            &["spec.slotsPerWorker"],
         ),
         (
             "min-above-max",

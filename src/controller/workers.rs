@@ -19,6 +19,8 @@ pub const LANES_ENV: &str = "LANEPOOL_LANES";
 pub const ROLE_ENV: &str = "LANEPOOL_ROLE";
 /// The env var naming the worker's LanePool.
 pub const POOL_ENV: &str = "LANEPOOL_POOL";
+/// The env var telling a worker how many jobs to run at once (`spec.slotsPerWorker`).
+pub const SLOTS_ENV: &str = "LANEPOOL_SLOTS";
 
 /// Deployment annotation: a hash of the pod template as applied, so an unchanged Deployment is
 /// not written again.
@@ -163,11 +165,16 @@ fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
     meta.labels
         .get_or_insert_with(BTreeMap::new)
         .extend(selector.clone());
-    let env = [
+    let mut env = vec![
         (LANES_ENV, lanes),
         (ROLE_ENV, role.label().to_string()),
         (POOL_ENV, pool_name.clone()),
     ];
+    // Only when it is not the default: a pool of one-job workers keeps the template it had
+    // before the field existed, so upgrading the operator rolls no worker over.
+    if pool.spec.slots_per_worker != 1 {
+        env.push((SLOTS_ENV, pool.spec.slots_per_worker.to_string()));
+    }
     if let Some(spec) = template.spec.as_mut() {
         for container in &mut spec.containers {
             let vars = container.env.get_or_insert_with(Vec::new);
@@ -399,8 +406,22 @@ mod tests {
         assert_eq!(reserved[ROLE_ENV], "reserved");
         assert_eq!(reserved[POOL_ENV], "jobs");
         assert_eq!(env_of(&deployments[1])[LANES_ENV], "urgent,batch");
+        assert!(!reserved.contains_key(SLOTS_ENV), "{reserved:?}");
         assert_eq!(deployments[0].spec.as_ref().unwrap().replicas, Some(3));
         assert_eq!(deployments[1].spec.as_ref().unwrap().replicas, Some(7));
+    }
+
+    #[test]
+    fn workers_of_several_slots_are_told_how_many_jobs_to_run_at_once() {
+        let mut pool = example();
+        pool.spec.slots_per_worker = 4;
+        let replicas = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 1)]),
+            shared: 2,
+        };
+        for deployment in worker_deployments(&pool, &replicas) {
+            assert_eq!(env_of(&deployment)[SLOTS_ENV], "4");
+        }
     }
 
     #[test]

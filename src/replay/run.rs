@@ -125,6 +125,17 @@ pub struct Recommendation {
 /// lane, in the workers the other reserve lanes leave (they keep their `reserve.min`).
 fn lane_pool(spec: &LanePoolSpec, lane: &str) -> Result<PoolSizing, ReplayError> {
     let mut sizing = PoolSizing::from_spec(spec)?;
+    if sizing.slots_per_worker != 1 {
+        // The simulator's workers run one job each: a replay of several would judge another pool.
+        return Err(crate::Error::invalid(
+            "spec.slotsPerWorker",
+            format!(
+                "replay simulates workers of one job each; this pool's run {}",
+                sizing.slots_per_worker
+            ),
+        )
+        .into());
+    }
     let others: i32 = sizing
         .lanes
         .iter()
@@ -638,6 +649,17 @@ mod tests {
                 "remove spec.headroom (the default applies)"
             ]
         );
+    }
+
+    #[test]
+    fn a_pool_of_several_slots_a_worker_is_refused_naming_the_field() {
+        let mut spec = formula_spec();
+        spec.slots_per_worker = 4;
+        let lane = spec.lanes[0].name.clone();
+        let error = lane_pool(&spec, &lane).unwrap_err().to_string();
+        assert!(error.contains("spec.slotsPerWorker"), "{error}");
+        spec.slots_per_worker = 1;
+        assert!(lane_pool(&spec, &lane).is_ok());
     }
 
     #[test]

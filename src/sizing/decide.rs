@@ -300,10 +300,12 @@ fn shared_help(sizing: &PoolSizing, inputs: &Inputs<'_>, name: &str) -> Option<S
         // Shared replicas do not change with the reserve: always `least`.
         PoolSize::Shared { replicas } => (0, replicas),
     };
+    // The reserve is searched in job slots, so the help counts slots too.
+    let slots = sizing.slots_per_worker.max(1);
     Some(SharedHelp {
         job_seconds,
-        unreserved,
-        least,
+        unreserved: unreserved.saturating_mul(slots),
+        least: least.saturating_mul(slots),
     })
 }
 
@@ -393,29 +395,47 @@ pub const MOST_TOLERANCE: f64 = 0.5;
 /// (15 s old) 1.5 was best.
 pub const CONFIRMING_SHARE: f64 = 2.0;
 
-/// A lane's reserve for one arrival rate, by its rule: (needed, its ceiling before the bounds).
-fn reserve_for(
+/// A lane's reserve for one arrival rate, by its rule: (needed, in job slots; its ceiling before
+/// the bounds, in workers). Each rule sizes job slots (a worker of `slots_per_worker` slots is
+/// that many servers of the queueing model), then rounds up to whole workers.
+pub(super) fn reserve_for(
     sizing: &PoolSizing,
     lane: &LaneSizing,
     help: Option<SharedHelp>,
     arrival_rate: f64,
     job: f64,
 ) -> (f64, i32) {
+    let slots = sizing.slots_per_worker.max(1);
     match lane.rule {
-        Rule::Formula => formula(arrival_rate, job, sizing.headroom),
+        Rule::Formula => {
+            let (needed, ceiling) = formula(arrival_rate, job, sizing.headroom);
+            let reserve = match ceiling {
+                i32::MAX => i32::MAX,
+                ceiling => workers_for(ceiling, slots),
+            };
+            (needed, reserve)
+        }
         Rule::Queueing => {
             // An endless load asks for as much as can be asked, never for nothing.
-            let reserve =
-                wait_within_job_time(arrival_rate, job, sizing.headroom, help).unwrap_or(i32::MAX);
-            (f64::from(reserve), reserve)
+            let needed = wait_within_job_time(arrival_rate, job, sizing.headroom, help);
+            let reserve = needed.map_or(i32::MAX, |needed| workers_for(needed, slots));
+            (f64::from(needed.unwrap_or(i32::MAX)), reserve)
         }
         Rule::LatencyTarget { p99_seconds } => {
             // Beyond max the target is out of reach; max + 1 makes that show as "capped".
-            let reserve = latency_target(arrival_rate, job, p99_seconds, lane.max)
-                .unwrap_or(lane.max.saturating_add(1));
-            (f64::from(reserve), reserve)
+            let most = lane.max.saturating_mul(slots);
+            let needed = latency_target(arrival_rate, job, p99_seconds, most);
+            let reserve = needed.map_or(lane.max.saturating_add(1), |needed| {
+                workers_for(needed, slots)
+            });
+            (f64::from(needed.unwrap_or(most.saturating_add(1))), reserve)
         }
     }
+}
+
+/// The fewest workers of `slots` job slots each that hold `needed` slots.
+fn workers_for(needed: i32, slots: i32) -> i32 {
+    needed / slots + i32::from(needed % slots != 0)
 }
 
 /// The reserve growth is held to when the long rate does not confirm all of it (see
@@ -538,6 +558,10 @@ fn measured(
             human_seconds(job),
             human_seconds(p99_seconds)
         ),
+    };
+    let arithmetic = match sizing.slots_per_worker {
+        1 => arithmetic,
+        slots => format!("{arithmetic}, {slots} slots a worker"),
     };
     let mut explanation = format!("{} {arithmetic} → ", lane.name);
     let within = |asked: i32, to: i32| {

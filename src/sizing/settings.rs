@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::api::{
-    LanePoolSpec, MetricsUnavailableAction, OnMetricsUnavailable, ScaleDown, SizingMode,
-    check_headroom,
+    LanePoolSpec, MOST_SLOTS_PER_WORKER, MetricsUnavailableAction, OnMetricsUnavailable, ScaleDown,
+    SizingMode, check_headroom,
 };
 use crate::{Error, Result};
 
@@ -16,6 +16,8 @@ pub struct PoolSizing {
     pub lanes: Vec<LaneSizing>,
     pub headroom: f64,
     pub size: PoolSize,
+    /// Jobs one worker runs at once: reserves are sized in slots, then rounded up to workers.
+    pub slots_per_worker: i32,
     pub stabilization_window: Duration,
     /// `spec.scaleDown.paused`: no reserve shrinks; growth goes on.
     pub scale_down_paused: bool,
@@ -90,6 +92,7 @@ impl PoolSizing {
             lanes,
             headroom,
             size,
+            slots_per_worker: 1,
             stabilization_window: scale_down
                 .stabilization_window
                 .get()
@@ -104,6 +107,15 @@ impl PoolSizing {
     /// reached us some other way (a test, an old CRD) cannot produce a harmful decision.
     pub fn from_spec(spec: &LanePoolSpec) -> Result<Self> {
         check_headroom(spec.headroom).map_err(|reason| Error::invalid("spec.headroom", reason))?;
+        if !(1..=MOST_SLOTS_PER_WORKER).contains(&spec.slots_per_worker) {
+            return Err(Error::invalid(
+                "spec.slotsPerWorker",
+                format!(
+                    "{} must be from 1 to {MOST_SLOTS_PER_WORKER}",
+                    spec.slots_per_worker
+                ),
+            ));
+        }
         let mut lanes = Vec::new();
         let reserve_lanes = spec
             .lanes
@@ -206,6 +218,7 @@ impl PoolSizing {
             lanes,
             headroom: spec.headroom,
             size,
+            slots_per_worker: spec.slots_per_worker,
             stabilization_window,
             scale_down_paused: scale_down.paused,
             on_unavailable,

@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::decide::reserve_for;
 use super::*;
 use proptest::prelude::*;
 
@@ -1302,4 +1303,84 @@ fn a_total_below_what_the_reserves_ask_cuts_them_in_priority_order_above_their_m
         5,
     );
     assert_eq!(grown.lanes[1].reserve, 3);
+}
+
+/// A pool like [`budget`] whose lane is sized by `rule`, with `slots` jobs a worker.
+fn slotted(rule: Rule, slots: i32) -> PoolSizing {
+    let lanes = vec![LaneSizing {
+        name: "urgent".into(),
+        min: 0,
+        max: 1000,
+        rule,
+    }];
+    PoolSizing {
+        slots_per_worker: slots,
+        ..PoolSizing::new(lanes, 1.0, PoolSize::Shared { replicas: 4 })
+    }
+}
+
+#[test]
+fn a_worker_of_four_slots_serves_as_four_servers_and_the_reserve_rounds_up_to_workers() {
+    // 100/s × 100 ms: 10 busy slots on average; the queueing rule asks for 12 one-job workers.
+    let one = at(
+        &slotted(Rule::Queueing, 1),
+        &loads(100.0, 0.1),
+        None,
+        &History::new(),
+        0,
+    );
+    let four = at(
+        &slotted(Rule::Queueing, 4),
+        &loads(100.0, 0.1),
+        None,
+        &History::new(),
+        0,
+    );
+    assert_eq!(one.lanes[0].reserve, 12);
+    assert_eq!(four.lanes[0].reserve, 3, "12 slots are 3 workers of 4");
+    assert_eq!(
+        four.lanes[0].explanation,
+        "urgent 100/s × 100 ms, wait p99 ≤ job time, 4 slots a worker → 3 → 3 reserved"
+    );
+    let formula = at(
+        &slotted(Rule::Formula, 4),
+        &loads(100.0, 0.1),
+        None,
+        &History::new(),
+        0,
+    );
+    assert_eq!(formula.lanes[0].reserve, 3, "ceil(10 / 4)");
+    assert_eq!(
+        formula.lanes[0].explanation,
+        "urgent 100/s × 100 ms × 1 = 10, 4 slots a worker → 3 → 3 reserved"
+    );
+}
+
+proptest! {
+    /// Sized in slots, then rounded up: a pool of `slots`-job workers reserves exactly the
+    /// fewest workers holding the slots a pool of one-job workers reserves, for every rule.
+    #[test]
+    fn a_reserve_of_slotted_workers_holds_the_slots_one_job_workers_need(
+        rate in 0.0f64..2_000.0,
+        job in 0.001f64..2.0,
+        slots in 1i32..64,
+        rule in prop_oneof![
+            Just(Rule::Queueing),
+            Just(Rule::Formula),
+            (0.01f64..5.0).prop_map(|p99_seconds| Rule::LatencyTarget { p99_seconds }),
+        ],
+    ) {
+        let needed = |slots: i32| {
+            let sizing = slotted(rule, slots);
+            reserve_for(&sizing, &sizing.lanes[0], None, rate, job).1
+        };
+        let one_job = needed(1);
+        let workers = needed(slots);
+        if one_job <= 1000 {
+            prop_assert_eq!(workers, (one_job + slots - 1) / slots);
+        } else {
+            // Beyond reserve.max (LatencyTarget) or the load's reach: capped either way.
+            prop_assert!(workers > 1000 / slots || workers == i32::MAX, "{workers}");
+        }
+    }
 }
