@@ -1,6 +1,8 @@
 //! Stands in for a kubelet (and the scheduler) on this machine, for the demo: it registers the
 //! Node `local`, binds the pending Pods labelled `lanepool.dev/pool` in a namespace to it, runs
-//! each Pod's first container as a local process of the lane worker with the Pod's env (values,
+//! each Pod's first container as a local process (its `command` and `args` when it sets a
+//! `command`, `$(VAR)` expanded and found on this machine's PATH, in its `workingDir`; the lane
+//! worker otherwise) with the Pod's env (values,
 //! `$(VAR)` references and downward-API `fieldRef`s such as `metadata.name` and `status.podIP`;
 //! `HOSTNAME` is the Pod's name), gives each Pod an address of its own on the loopback
 //! (127.1.x.y; `--ip-block` changes the 1, so kubelets side by side never share an address), and
@@ -294,7 +296,7 @@ impl Kubelet {
             return;
         };
         let env = pod_env(pod, container, &ip, &self.args.node);
-        let child = match start_worker(&self.worker, &name, &env, &self.args) {
+        let child = match start_worker(&self.worker, &name, container, &env, &self.args) {
             Ok(child) => child,
             Err(e) => {
                 eprintln!("local_kubelet: {name}: starting its worker: {e}");
@@ -541,18 +543,49 @@ fn expand(value: &str, env: &[(String, String)]) -> String {
     out
 }
 
+/// The program and arguments to run for `container`: its `command` and `args`, `$(VAR)`
+/// expanded as the kubelet does; the lane worker when it sets no `command` (the example worker's
+/// image has it as its entrypoint).
+fn container_command(
+    worker: &Path,
+    container: &Container,
+    env: &[(String, String)],
+) -> (PathBuf, Vec<String>) {
+    let expanded = |words: &Option<Vec<String>>| -> Vec<String> {
+        words.iter().flatten().map(|w| expand(w, env)).collect()
+    };
+    let mut command = expanded(&container.command);
+    if command.is_empty() {
+        return (worker.to_path_buf(), expanded(&container.args));
+    }
+    let program = PathBuf::from(command.remove(0));
+    command.extend(expanded(&container.args));
+    (program, command)
+}
+
 fn start_worker(
-    program: &Path,
+    worker: &Path,
     pod: &str,
+    container: &Container,
     env: &[(String, String)],
     args: &Args,
 ) -> std::io::Result<Child> {
     // <deployment>-<replicaset hash>-<suffix>: one log file per Deployment.
     let deployment = pod.rsplitn(3, '-').nth(2).unwrap_or(pod);
     let log = log_file(&args.log_dir.join(format!("{deployment}.log")))?;
+    let (program, program_args) = container_command(worker, container, env);
     let mut command = Command::new(program);
+    command.args(program_args).env_clear();
+    // A container's image brings its own PATH; here the programs are this machine's, so a
+    // command like `lanepool-rq-worker` is found where the kubelet's own PATH finds it (a
+    // Pod's env may set PATH itself, and then wins).
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    if let Some(dir) = container.working_dir.as_deref() {
+        command.current_dir(dir);
+    }
     command
-        .env_clear()
         .env("LANEPOOL_QUEUE_URL", &args.queue_url)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
@@ -580,7 +613,34 @@ fn log_file(path: &Path) -> std::io::Result<File> {
 
 #[cfg(test)]
 mod tests {
-    use super::expand;
+    use super::{container_command, expand};
+    use k8s_openapi::api::core::v1::Container;
+    use std::path::Path;
+
+    #[test]
+    fn a_container_with_a_command_runs_it_with_its_args_and_one_without_runs_the_lane_worker() {
+        let env = [("LANEPOOL_LANES".to_string(), "urgent".to_string())];
+        let worker = Path::new("/bin/lane_worker");
+        let rq = Container {
+            command: Some(vec!["lanepool-rq-worker".into(), "--url".into()]),
+            args: Some(vec![
+                "redis://127.0.0.1:6379".into(),
+                "$(LANEPOOL_LANES)".into(),
+            ]),
+            ..Container::default()
+        };
+        let (program, args) = container_command(worker, &rq, &env);
+        assert_eq!(program, Path::new("lanepool-rq-worker"));
+        assert_eq!(args, ["--url", "redis://127.0.0.1:6379", "urgent"]);
+        let plain = Container {
+            args: Some(vec!["--flag".into()]),
+            ..Container::default()
+        };
+        assert_eq!(
+            container_command(worker, &plain, &env),
+            (worker.to_path_buf(), vec!["--flag".to_string()])
+        );
+    }
 
     #[test]
     fn references_to_earlier_vars_are_expanded_and_unknown_ones_kept() {
