@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::process::Lifetime;
+use super::process::{Lifetime, which};
 use super::prometheus::TestPrometheus;
 use super::{Result, TestEnvError, io};
 
@@ -132,14 +132,6 @@ impl TestPrometheus {
         recording.backfill(dir)?;
         Self::start_in(dir, &[], lifetime)
     }
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|candidate| candidate.is_file())
-    })
 }
 
 /// The urgent lane's share of its peak rate, hour by hour: the simulator's day shape.

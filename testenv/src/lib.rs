@@ -14,6 +14,7 @@ mod pod_workers;
 mod process;
 mod prometheus;
 mod readiness;
+mod redis;
 mod worker_metrics;
 
 use std::net::TcpListener;
@@ -34,6 +35,7 @@ pub use pod_workers::{PodRequests, PodWorkers};
 pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};
 pub use readiness::DeploymentReadiness;
+pub use redis::{Reply, TestRedis};
 pub use worker_metrics::{SimulatedWorkers, serve_metrics};
 
 /// Why the control plane could not start.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::certs::{TlsMaterial, tls_material};
-use super::process::{Lifetime, Process};
+use super::process::{Lifetime, Process, which};
 use super::{Result, TestEnvError, free_port, io};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -361,12 +361,4 @@ fn get(
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string());
     Ok((status, body))
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|candidate| candidate.is_file())
-    })
 }
