@@ -640,3 +640,75 @@ async fn silent_workers_cost_their_pool_its_budget_and_the_pool_beside_keeps_its
     assert!(slow >= 16, "{slow} worker requests over 256 ms");
     assert!(rise <= Duration::from_secs(12), "{rise:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_worker_whose_address_answers_for_someone_else_is_never_asked() {
+    let world = World::start("hostile-evicted").await;
+    world.urgent("jobs", 30.0);
+    world.apply_pool("jobs").await;
+    until(40, "1 reserved", || async {
+        world.replicas("jobs-urgent-reserved").await == Some(1)
+    })
+    .await;
+    let shared = world.replicaset_of("jobs", "jobs-shared").await;
+    let (honest, honest_seen) = serve(Behaviour::Counting(150.0)).await;
+    let (evicted, evicted_seen) = serve(Behaviour::Counting(150.0)).await;
+    for (name, at) in [("honest", honest), ("evicted", evicted)] {
+        world
+            .pod(name, labels("jobs", "shared"), Some(&shared), at, true)
+            .await;
+    }
+    until(30, "both owned workers read", || async {
+        requests(&honest_seen, "GET") > 0 && requests(&evicted_seen, "GET") > 0
+    })
+    .await;
+    // Evicted, as the kubelet reports it: Failed, not ready, its podIP kept until the Pod is
+    // collected. The address now belongs to someone else (the same listener stands in for them).
+    let status = json!({"status": {
+        "phase": "Failed", "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+        "conditions": [{"type": "Ready", "status": "False"}],
+    }});
+    Api::<Pod>::namespaced(world.client.clone(), &world.namespace)
+        .patch_status("evicted", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    // The watch takes the change within a moment; what it saw before is not counted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = evicted_seen.lock().unwrap().len();
+    let honest_before = requests(&honest_seen, "GET");
+    // The pool shrinks by one shared worker: its drain picks among live workers only, never the
+    // Failed one (not ready, so it would go first, while the ReplicaSet deletes a live one).
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .patch(
+            "jobs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"totalWorkers": 9}})),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(25) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let after: Vec<String> = evicted_seen.lock().unwrap()[before..].to_vec();
+    println!(
+        "over 25 s after the eviction: the evicted Pod's address got {after:?}; the live worker \
+         {} GETs, {} POSTs",
+        requests(&honest_seen, "GET") - honest_before,
+        requests(&honest_seen, "POST"),
+    );
+    assert!(
+        after.is_empty(),
+        "an evicted Pod's address was asked: {after:?}"
+    );
+    assert!(
+        requests(&honest_seen, "GET") - honest_before >= 3,
+        "the live worker was still read"
+    );
+    assert_eq!(world.replicas("jobs-shared").await, Some(8));
+    assert!(
+        requests(&honest_seen, "POST /drain") >= 1,
+        "the shrink drained the live worker, not the evicted one"
+    );
+}

@@ -72,9 +72,10 @@ impl<'a> PoolPods<'a> {
         }
     }
 
-    /// The live (not terminating) workers of the pool: Pods with its label that a ReplicaSet of
-    /// one of its Deployments controls. A Pod that is not the pool's worker, however it is
-    /// labelled, is left out. Read from the watch caches of the pools' Pods and ReplicaSets, once
+    /// The live (not terminating, not Failed or Succeeded) workers of the pool: Pods with its
+    /// label that a ReplicaSet of one of its Deployments controls. A Pod that is not the pool's
+    /// worker, however it is labelled, is left out; so is a finished one, which the ReplicaSet
+    /// controller no longer counts (draining it first would leave a busy worker to be deleted). Read from the watch caches of the pools' Pods and ReplicaSets, once
     /// per reconcile: nothing is listed.
     pub(super) fn workers(&self) -> &[Worker] {
         self.workers.get_or_init(|| {
@@ -86,7 +87,7 @@ impl<'a> PoolPods<'a> {
             self.ctx
                 .pool_pods(&self.namespace, &self.pool)
                 .iter()
-                .filter(|p| !p.terminating)
+                .filter(|p| !p.terminating && !p.finished)
                 .filter_map(|p| Some(Worker::new(p, owners.deployment_of(p)?.to_string())))
                 .collect()
         })

@@ -22,6 +22,9 @@ pub(in crate::controller) struct CachedPod {
     pub(in crate::controller) replicaset: Option<String>,
     /// Its deletion has begun.
     pub(in crate::controller) terminating: bool,
+    /// It has Failed or Succeeded (evicted, its node shut down): the ReplicaSet controller no
+    /// longer counts it, and the address it keeps until garbage collection may be another Pod's.
+    pub(in crate::controller) finished: bool,
     /// Bound, Running and Ready.
     pub(in crate::controller) ready: bool,
     /// `ip:port` of its container port named [`METRICS_PORT`].
@@ -37,6 +40,7 @@ impl CachedPod {
         Self {
             replicaset: controller_uid(&pod.metadata, "ReplicaSet").map(str::to_owned),
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            finished: matches!(phase(&pod), Some("Failed" | "Succeeded")),
             ready: ready(&pod),
             address: metrics_address(&pod),
             started: started(&pod),
@@ -76,11 +80,15 @@ impl std::ops::Deref for Worker {
     }
 }
 
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.phase.as_deref()
+}
+
 /// Whether the ReplicaSet controller counts the Pod as ready: bound, Running and Ready.
 fn ready(pod: &Pod) -> bool {
     let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     let status = pod.status.as_ref();
-    let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+    let running = phase(pod) == Some("Running");
     let ready = status
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
@@ -89,8 +97,14 @@ fn ready(pod: &Pod) -> bool {
     bound && running && ready
 }
 
-/// Where a Pod serves its gauges: `ip:port` of its container port named [`METRICS_PORT`].
+/// Where a Pod serves its gauges: `ip:port` of its container port named [`METRICS_PORT`], only
+/// while it is Running. A Pod that Failed or Succeeded keeps its `podIP` until it is collected,
+/// and the address may by then be another Pod's, another tenant's: EndpointSlices leave such
+/// Pods out, and so does this.
 fn metrics_address(pod: &Pod) -> Option<String> {
+    if phase(pod) != Some("Running") {
+        return None;
+    }
     let ip = pod
         .status
         .as_ref()?
@@ -130,17 +144,25 @@ mod tests {
 
     #[test]
     fn a_pod_is_asked_at_its_metrics_port() {
-        let pod = |ip: &str, port_name: &str| -> Pod {
+        let in_phase = |ip: &str, port_name: &str, phase: &str| -> Pod {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "p"},
                 "spec": {"containers": [
                     {"name": "side", "ports": [{"name": "http", "containerPort": 8080}]},
                     {"name": "worker", "ports": [{"name": port_name, "containerPort": 9100}]},
                 ]},
-                "status": {"podIP": ip},
+                "status": {"podIP": ip, "phase": phase},
             }))
             .unwrap()
         };
+        let pod = |ip: &str, port_name: &str| in_phase(ip, port_name, "Running");
+        // An evicted Pod's address may already be someone else's; a Pending one has no worker yet.
+        for phase in ["Failed", "Succeeded", "Pending", "Unknown"] {
+            assert_eq!(
+                metrics_address(&in_phase("10.1.2.3", "metrics", phase)),
+                None
+            );
+        }
         assert_eq!(
             metrics_address(&pod("10.1.2.3", "metrics")).as_deref(),
             Some("10.1.2.3:9100")
@@ -187,6 +209,7 @@ mod tests {
                 name: "jobs-shared-abc".into(),
                 replicaset: Some("rs-uid".into()),
                 terminating: false,
+                finished: false,
                 ready: true,
                 address: Some("10.0.0.7:9100".into()),
                 started: Some("2026-12-02T03:00:00Z".parse().unwrap()),
