@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests and the demo need and a fresh machine lacks: Prometheus and buildah
-# (builds and runs the images without a daemon) from Debian's packages, and the pinned kube-apiserver,
+# Installs what the tests and the demo need and a fresh machine lacks: Prometheus, Redis and
+# buildah (builds and runs the images without a daemon) from Debian's packages, and the pinned kube-apiserver,
 # kube-controller-manager, etcd, kubectl and helm built from tests/tools/go.mod, and KEDA from
 # tests/tools/keda/go.mod.
 set -euo pipefail
@@ -24,6 +24,15 @@ if ! command -v prometheus >/dev/null 2>&1; then
   $sudo_cmd systemctl disable --now prometheus >/dev/null 2>&1 || $sudo_cmd service prometheus stop >/dev/null 2>&1 || true
 fi
 echo "setup: $(prometheus --version 2>&1 | head -n 1)"
+
+# The broker of the Python workers' tests and the demo's RQ and Celery runs (started by the tests
+# themselves on a port of their own; the package's system service is stopped).
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "setup: installing Redis from Debian's package..."
+  apt_install redis-server
+  $sudo_cmd systemctl disable --now redis-server >/dev/null 2>&1 || $sudo_cmd service redis-server stop >/dev/null 2>&1 || true
+fi
+echo "setup: $(redis-server --version | cut -d' ' -f1-3)"
 
 # images/build.sh and tests/images.rs build and run the images without a container daemon.
 if ! command -v buildah >/dev/null 2>&1; then
