@@ -279,7 +279,7 @@ impl Walk<'_> {
         .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
-        let held = pods::drain::drain_before_shrinks(
+        let floors = pods::drain::drain_before_shrinks(
             pool, ctx, pods, measured, drains, shrinks, &stood_in, self.now,
         )
         .await;
@@ -290,7 +290,7 @@ impl Walk<'_> {
                 .is_some_and(|d| d.pods.contains_key(pod))
         })
         .await;
-        let release = rollout.release(pool, live, &held, rules);
+        let release = rollout.release(pool, live, &floors, rules);
         for deployment in &release.shrinking {
             let drained = memory
                 .drains

@@ -40,6 +40,10 @@ pub(in crate::controller) struct Drain {
     pub(in crate::controller) pods: BTreeMap<String, Drained>,
     /// Pods that answered without draining: ranked as before, not asked again for this drain.
     pub(in crate::controller) refused: BTreeSet<String>,
+    /// A drained worker refused since the workers were chosen: another is chosen in its place.
+    pub(in crate::controller) rechoose: bool,
+    /// No worker could be chosen: none answered and Prometheus did not say what they do.
+    pub(in crate::controller) unread: bool,
     /// Whether the end of the wait was logged.
     pub(in crate::controller) over: bool,
 }
@@ -48,7 +52,8 @@ pub(in crate::controller) struct Drain {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(in crate::controller) struct Drained {
     pub(in crate::controller) asked_at: Duration,
-    /// Its last answer said `lanepool_worker_busy 0`.
+    /// Its last answer said `lanepool_worker_busy 0`. False while its state is unknown (no
+    /// answer yet, or its last request went unanswered): unknown is never idle.
     pub(in crate::controller) idle: bool,
 }
 
@@ -66,6 +71,30 @@ impl Drain {
         self.pods
             .values()
             .any(|p| !p.idle && now.saturating_sub(p.asked_at) < self.timeout)
+    }
+
+    /// The drained workers not confirmed idle: busy, or not heard from.
+    pub(in crate::controller) fn unconfirmed(&self) -> usize {
+        self.pods.values().filter(|p| !p.idle).count()
+    }
+
+    /// The fewest workers `shrink`'s Deployment may run now: all it runs while the drain holds;
+    /// then the count it shrinks to plus one for each drained worker not confirmed idle (still
+    /// busy at the timeout, or not answering), so the shrink takes only workers known idle, or
+    /// ones that do not drain at all (ranked as before). Those left are asked again each
+    /// reconcile and go once they answer idle.
+    pub(in crate::controller) fn floor(&self, shrink: &Shrink, now: Duration) -> i32 {
+        if self.unread || self.holds(now) {
+            return shrink.live;
+        }
+        let unconfirmed = i32::try_from(self.unconfirmed()).unwrap_or(i32::MAX);
+        shrink.to.saturating_add(unconfirmed).min(shrink.live)
+    }
+
+    /// Records that no worker's state could be read to choose from: unknown means hold, so the
+    /// shrink waits (see [`Self::floor`]) and the next reconcile tries again.
+    pub(in crate::controller) fn hold_unread(&mut self) {
+        self.unread = true;
     }
 
     /// The drained workers that are idle: the ones the shrink stops.
@@ -94,7 +123,7 @@ impl Drain {
     /// Whether the workers are (re)chosen now: at the start, or when the count it shrinks to
     /// changed.
     pub(in crate::controller) fn starting(&self, shrink: &Shrink) -> bool {
-        !self.started || self.to != shrink.to
+        !self.started || self.to != shrink.to || self.rechoose
     }
 
     /// Chooses the workers to drain for `shrink` among `candidates` (see [`choose`]; a Pod that
@@ -130,6 +159,8 @@ impl Drain {
             });
         }
         self.started = true;
+        self.rechoose = false;
+        self.unread = false;
         self.to = shrink.to;
         self.timeout = drain_timeout(served_job_seconds, cap);
         self.over = false;
@@ -154,14 +185,18 @@ impl Drain {
     }
 
     /// Records the workers' answers: a drained worker is idle or busy as it says; one that
-    /// refused is not draining, and is not asked again for this drain.
+    /// refused is not draining, is not asked again for this drain, and another worker is chosen
+    /// in its place; one not heard from is not idle (it may have taken a job) and stays drained,
+    /// asked again at the next reconcile.
     pub(in crate::controller) fn answered(&mut self, answers: BTreeMap<String, Answer>) {
         for (name, answer) in answers {
             match (answer, self.pods.get_mut(&name)) {
                 (Answer::Draining { busy }, Some(drained)) => drained.idle = !busy,
+                (Answer::Unreachable, Some(drained)) => drained.idle = false,
                 (Answer::Refused, Some(_)) => {
                     self.pods.remove(&name);
                     self.refused.insert(name);
+                    self.rechoose = true;
                 }
                 _ => {}
             }
@@ -205,7 +240,7 @@ pub(in crate::controller) fn requeue(
     } else {
         drains
             .values()
-            .any(|d| !d.pods.is_empty())
+            .any(|d| !d.pods.is_empty() || d.unread)
             .then_some(DRAIN_RENEW)
     }
 }
@@ -255,9 +290,12 @@ pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
 pub enum Answer {
     /// It drains, and is busy or idle.
     Draining { busy: bool },
-    /// It does not drain: an error status, or gauges without `lanepool_worker_draining 1` (a
-    /// server that answers every path with its metrics).
+    /// It does not drain: a client error status (404: no such request), or gauges without
+    /// `lanepool_worker_draining 1` (a server that answers every path with its metrics).
     Refused,
+    /// Not heard from: no answer in time, no connection, a server error, or not asked (the
+    /// reconcile's budget ran out, this replica is not the leader). Its state is unknown.
+    Unreachable,
 }
 
 #[cfg(test)]
@@ -449,6 +487,96 @@ mod tests {
         // c is deleted meanwhile: nothing is left to hold the shrink.
         drain.keep_live(["b", "d"]);
         assert!(drain.pods.is_empty());
+    }
+
+    #[test]
+    fn a_worker_not_heard_from_holds_the_shrink_and_keeps_its_place_past_the_timeout() {
+        let shrink = Shrink {
+            deployment: "jobs-shared".into(),
+            live: 4,
+            to: 2,
+            lanes: vec!["urgent".into(), "batch".into()],
+        };
+        let pods = [
+            candidate("a", true, 0, false),
+            candidate("b", true, 0, false),
+            candidate("c", true, 2900, false),
+        ];
+        let mut drain = Drain::default();
+        drain.start(&shrink, &pods, &[1.0], DEFAULT_DRAIN_TIMEOUT, secs(0.0));
+        assert_eq!(drain.timeout, secs(3.0));
+        // a answers idle; b's request times out (or the budget ran out): b may have a job.
+        drain.answered(BTreeMap::from([
+            ("a".to_string(), Answer::Draining { busy: false }),
+            ("b".to_string(), Answer::Unreachable),
+        ]));
+        assert!(drain.pods.contains_key("b"), "not dropped as a refusal");
+        assert!(!drain.rechoose && drain.refused.is_empty());
+        assert!(drain.holds(secs(1.0)));
+        assert_eq!(
+            drain.floor(&shrink, secs(1.0)),
+            4,
+            "held whole while it waits"
+        );
+        // Past the timeout, b still unheard: the shrink takes only a, the worker known idle.
+        assert!(!drain.holds(secs(4.0)));
+        assert_eq!(drain.floor(&shrink, secs(4.0)), 3);
+        assert_eq!(
+            drain.requests(["a", "b", "c"], &[], secs(4.0)),
+            [("a", 15), ("b", 15)],
+            "b is asked again, and keeps draining"
+        );
+        // b was idle after all (a job in hand that ended, an answer that got through).
+        let an_idle_answer = BTreeMap::from([("b".to_string(), Answer::Draining { busy: false })]);
+        drain.answered(an_idle_answer);
+        assert_eq!(drain.floor(&shrink, secs(5.0)), 2);
+        // An idle worker that goes silent is not idle any more: it may have taken a job.
+        drain.answered(BTreeMap::from([("a".to_string(), Answer::Unreachable)]));
+        assert_eq!(drain.floor(&shrink, secs(6.0)), 3);
+    }
+
+    #[test]
+    fn a_drained_worker_that_refuses_is_replaced_and_an_unread_pool_holds_its_shrink() {
+        let shrink = Shrink {
+            deployment: "jobs-shared".into(),
+            live: 3,
+            to: 2,
+            lanes: vec!["batch".into()],
+        };
+        let pods = [
+            candidate("old", true, 0, false),
+            candidate("new", true, 1500, false),
+            candidate("busy", true, 2900, false),
+        ];
+        let mut drain = Drain::default();
+        // No worker answered and Prometheus did not say: nothing is known idle, nothing goes.
+        drain.hold_unread();
+        assert_eq!(drain.floor(&shrink, secs(0.0)), 3);
+        assert!(drain.starting(&shrink), "tried again");
+        assert_eq!(
+            requeue(&BTreeMap::from([("s".into(), drain.clone())]), secs(0.0)),
+            Some(DRAIN_RENEW)
+        );
+        drain.start(&shrink, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(1.0));
+        assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["old"]);
+        assert_eq!(drain.floor(&shrink, secs(1.0)), 3);
+        // "old" runs a worker that does not take drains (a 404): another is chosen.
+        drain.answered(BTreeMap::from([("old".to_string(), Answer::Refused)]));
+        assert!(drain.starting(&shrink));
+        drain.start(&shrink, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(2.0));
+        assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["new"]);
+        assert!(!drain.starting(&shrink));
+        // With no worker that drains left, the shrink goes as ranked, as it always did.
+        drain.answered(BTreeMap::from([("new".to_string(), Answer::Refused)]));
+        drain.start(
+            &shrink,
+            &pods[..2],
+            &[3.0],
+            DEFAULT_DRAIN_TIMEOUT,
+            secs(3.0),
+        );
+        assert!(drain.pods.is_empty());
+        assert_eq!(drain.floor(&shrink, secs(3.0)), 2);
     }
 
     #[test]

@@ -236,7 +236,7 @@ pub(super) fn rollout(
     }
     let shrinking_now = rules.rank && !shrinking(pool, live, &step).is_empty();
     let shrink_decided = rules.drain && counts.iter().any(surge::Counts::shrinks);
-    let growth = (shrink_decided || shrinking_now).then(|| hold(pool, live, &step, |_| true));
+    let growth = (shrink_decided || shrinking_now).then(|| hold(pool, live, &step, |_| i32::MAX));
     Rollout {
         step,
         waiting: step_now.waiting,
@@ -281,13 +281,16 @@ impl Rollout {
                 if runs <= to {
                     return None;
                 }
-                let drain = drains.get(&deployment).filter(|d| d.holds(now));
+                // A drain past its timeout still keeps one worker for each drained worker not
+                // confirmed idle: the shrink waits for those, asked again every few seconds.
+                let drain = drains
+                    .get(&deployment)
+                    .filter(|d| d.holds(now) || d.unconfirmed() > 0);
                 let (waits_for, until) = match drain {
                     Some(drain) => {
-                        let busy = drain.pods.values().filter(|p| !p.idle).count();
                         let first = drain.pods.values().map(|p| p.asked_at).min();
-                        let until = first.unwrap_or(now) + drain.timeout;
-                        (WaitsFor::Drained(busy), until)
+                        let until = (first.unwrap_or(now) + drain.timeout).max(now);
+                        (WaitsFor::Drained(drain.unconfirmed()), until)
                     }
                     None => (WaitsFor::Ready(self.not_ready.clone()), surge_ends),
                 };
@@ -302,15 +305,17 @@ impl Rollout {
             .collect()
     }
 
-    /// What goes out now that the drains said which shrinks they still hold (`held`).
+    /// What goes out now that the drains said how far each shrink may go (`floors`: the fewest
+    /// workers each shrinking Deployment may run now; one not named may shrink all the way).
     pub(super) fn release(
         &self,
         pool: &LanePool,
         live: &BTreeMap<String, Deployment>,
-        held: &BTreeSet<String>,
+        floors: &BTreeMap<String, i32>,
         rules: Rules,
     ) -> Release {
-        let replicas = hold(pool, live, &self.step, |d| held.contains(d));
+        let floor = |d: &str| floors.get(d).copied().unwrap_or(0);
+        let replicas = hold(pool, live, &self.step, floor);
         let shrinking = if rules.rank {
             shrinking(pool, live, &replicas)
         } else {
@@ -319,7 +324,7 @@ impl Rollout {
         let (remove, staying) = self
             .leaving
             .iter()
-            .partition::<Vec<_>, _>(|(name, _, step)| *step == 0 && !held.contains(name));
+            .partition::<Vec<_>, _>(|(name, _, step)| *step == 0 && floor(name) == 0);
         Release {
             replicas,
             shrinking,
@@ -393,20 +398,21 @@ fn shrinking(
         .collect()
 }
 
-/// `replicas` with the shrinking Deployments that `held_back` names kept at their live counts.
+/// `replicas` with each shrinking Deployment kept at no fewer than its `floor` (and never above
+/// its live count).
 fn hold(
     pool: &LanePool,
     live: &BTreeMap<String, Deployment>,
     replicas: &Replicas,
-    held_back: impl Fn(&str) -> bool,
+    floor: impl Fn(&str) -> i32,
 ) -> Replicas {
     let mut held = replicas.clone();
     for (name, role, count) in pool_roles(pool, replicas) {
         let Some(live) = live.get(&name).and_then(spec_replicas) else {
             continue;
         };
-        if count < live && held_back(&name) {
-            set(&mut held, &role, live);
+        if count < live {
+            set(&mut held, &role, floor(&name).clamp(count, live));
         }
     }
     held

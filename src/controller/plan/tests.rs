@@ -235,7 +235,7 @@ fn a_drain_holds_its_shrink_and_only_the_shrinks_that_go_are_ranked() {
     let held = rollout.release(
         &pool(),
         &live,
-        &BTreeSet::from(["jobs-shared".into()]),
+        &BTreeMap::from([("jobs-shared".into(), 9)]),
         DRAIN_AND_RANK,
     );
     assert_eq!(held.replicas, now, "held at its live count");
@@ -243,9 +243,18 @@ fn a_drain_holds_its_shrink_and_only_the_shrinks_that_go_are_ranked() {
         held.shrinking.is_empty(),
         "nothing is ranked for a shrink that waits"
     );
-    let released = rollout.release(&pool(), &live, &BTreeSet::new(), DRAIN_AND_RANK);
+    let released = rollout.release(&pool(), &live, &BTreeMap::new(), DRAIN_AND_RANK);
     assert_eq!(released.replicas, decided);
     assert_eq!(released.shrinking, ["jobs-shared"]);
+    // One drained worker not confirmed idle at the timeout: the shrink takes one worker of two.
+    let partly = rollout.release(
+        &pool(),
+        &live,
+        &BTreeMap::from([("jobs-shared".into(), 8)]),
+        DRAIN_AND_RANK,
+    );
+    assert_eq!(partly.replicas, replicas(3, 8));
+    assert_eq!(partly.shrinking, ["jobs-shared"]);
 }
 
 #[test]
@@ -297,7 +306,7 @@ fn without_drains_or_ranking_a_step_goes_out_in_one_write() {
     );
     assert_eq!(rollout.step, decided, "no surge: the shrink goes at once");
     assert!(rollout.shrinks.is_empty() && rollout.growth.is_none());
-    let release = rollout.release(&pool(), &live, &BTreeSet::new(), plain);
+    let release = rollout.release(&pool(), &live, &BTreeMap::new(), plain);
     assert!(release.shrinking.is_empty());
     // Ranking alone still writes the growth first.
     let rank = Rules {
@@ -370,7 +379,7 @@ fn a_removed_lanes_deployment_leaves_the_way_a_shrink_does() {
         "and take jobs meanwhile: {:?}",
         first.shrinks
     );
-    let release = first.release(&pool(), &live, &BTreeSet::new(), DRAIN_AND_RANK);
+    let release = first.release(&pool(), &live, &BTreeMap::new(), DRAIN_AND_RANK);
     assert!(release.remove.is_empty());
     assert_eq!(release.staying, ["jobs-critical-reserved"]);
     let held = first.held(
@@ -414,14 +423,14 @@ fn a_removed_lanes_deployment_leaves_the_way_a_shrink_does() {
         "then drain: {:?}",
         next.shrinks
     );
-    let drained = BTreeSet::from(["jobs-critical-reserved".to_string()]);
+    let drained = BTreeMap::from([("jobs-critical-reserved".to_string(), 2)]);
     let holding = next.release(&pool(), &grown, &drained, DRAIN_AND_RANK);
     assert_eq!(
         holding.staying,
         ["jobs-critical-reserved"],
         "its drain holds it"
     );
-    let gone = next.release(&pool(), &grown, &BTreeSet::new(), DRAIN_AND_RANK);
+    let gone = next.release(&pool(), &grown, &BTreeMap::new(), DRAIN_AND_RANK);
     assert_eq!(gone.remove, ["jobs-critical-reserved"]);
     assert!(gone.staying.is_empty());
 }

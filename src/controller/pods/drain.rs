@@ -20,8 +20,9 @@ use crate::controller::plan::Shrink;
 use crate::controller::plan::drain::{self, Answer, Drain};
 use crate::duration::human_seconds;
 
-/// Asks each of `workers` to drain for its seconds (`0`: stop draining); their answers by name
-/// (`Refused` too for a worker with no metrics port, no answer in time, or a redirect).
+/// Asks each of `workers` to drain for its seconds (`0`: stop draining); their answers by name:
+/// `Unreachable` for a worker not heard from (no answer in time, out of budget, not leader),
+/// `Refused` for one that answered without draining, has no metrics port or redirects.
 async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<String, Answer> {
     let requests = workers
         .into_iter()
@@ -32,6 +33,7 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
         .into_iter()
         .map(|(name, answer)| match answer {
             Ok((status, text)) => (name, read_answer(status, &text)),
+            Err(refused) if refused.unknown() => (name, Answer::Unreachable),
             Err(_) => (name, Answer::Refused),
         })
         .collect()
@@ -40,7 +42,9 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
 /// Advances the drains of the pool's shrinking Deployments (`shrinks`: those the surge lets
 /// shrink now) and calls off those of Deployments that no longer shrink. A
 /// drain that starts takes first the workers that `standing_in` names for its Deployment.
-/// Returns the Deployments whose shrink must still wait for its drained workers.
+/// Returns, for each shrinking Deployment, the fewest workers it may run now
+/// ([`Drain::floor`]): its live count while its drain holds, then one more than decided for each
+/// drained worker not confirmed idle.
 #[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn drain_before_shrinks(
     pool: &LanePool,
@@ -51,7 +55,7 @@ pub(in crate::controller) async fn drain_before_shrinks(
     shrinks: &[Shrink],
     standing_in: &BTreeMap<String, BTreeSet<String>>,
     now: Duration,
-) -> BTreeSet<String> {
+) -> BTreeMap<String, i32> {
     for (deployment, drain) in drain::called_off(drains, shrinks) {
         // Best effort: a worker not reached now takes jobs again when its drain lapses.
         let back = pods
@@ -67,21 +71,20 @@ pub(in crate::controller) async fn drain_before_shrinks(
             "drain called off: the Deployment no longer shrinks; its workers take jobs again"
         );
     }
-    let mut held = BTreeSet::new();
+    let mut floors = BTreeMap::new();
     for shrink in shrinks {
         let drain = drains.entry(shrink.deployment.clone()).or_default();
         let stood_in = standing_in.get(&shrink.deployment);
-        if advance(pool, ctx, pods, measured, drain, shrink, stood_in, now).await {
-            held.insert(shrink.deployment.clone());
-        }
+        advance(pool, ctx, pods, measured, drain, shrink, stood_in, now).await;
+        floors.insert(shrink.deployment.clone(), drain.floor(shrink, now));
     }
-    held
+    floors
 }
 
 /// One reconcile of one Deployment's drain: choose its workers (at the start, or when the count
 /// it shrinks to changed), ask them (again: a restarted worker drains anew, and the drain's
-/// lapse moves on), and say whether the shrink still waits. The workers that `stood_in` for the
-/// new ones are chosen first, as those already draining are: they were the pick all along.
+/// lapse moves on). The workers that `stood_in` for the new ones are chosen first, as those
+/// already draining are: they were the pick all along.
 #[allow(clippy::too_many_arguments)]
 async fn advance(
     pool: &LanePool,
@@ -92,7 +95,7 @@ async fn advance(
     shrink: &Shrink,
     stood_in: Option<&BTreeSet<String>>,
     now: Duration,
-) -> bool {
+) {
     let deployment = shrink.deployment.as_str();
     // Only the Deployment's own workers: a Pod that merely carries its labels takes no slot.
     let live = pods.workers_of(deployment);
@@ -101,11 +104,14 @@ async fn advance(
     let mut called_back = Vec::new();
     if starting {
         let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+            // Unknown means hold: without a reading no worker is known idle, so none is
+            // chosen and the shrink waits (its floor is its live count) until one answers.
             warn!(
                 deployment,
-                "workers not drained: no worker answered; ranked only"
+                "workers not drained: no worker answered and Prometheus did not say; the shrink waits"
             );
-            return drain.holds(now);
+            drain.hold_unread();
+            return;
         };
         let served: Vec<f64> = shrink
             .lanes
@@ -157,10 +163,9 @@ async fn advance(
             idle = ended.idle,
             still_busy = ended.still_busy,
             ms = ended.waited.as_millis() as u64,
-            "drained: the shrink may go ahead"
+            "drained: the shrink takes the idle ones"
         );
     }
-    drain.holds(now)
 }
 
 /// "shared workers" or "reserved workers of lane L", for the event.

@@ -42,6 +42,21 @@ pub(crate) enum Refused {
 }
 
 impl Refused {
+    /// Whether the worker's state is unknown: it was not heard from (no connection, no answer in
+    /// time, a server error) or not asked (the operator's budget, client or leadership). The
+    /// other refusals are the worker's own answer: it does not take the request.
+    pub(crate) fn unknown(&self) -> bool {
+        match self {
+            Self::Http(_) | Self::OutOfTime | Self::NoClient | Self::NotLeader => true,
+            Self::Status(status) => *status >= 500,
+            Self::Redirect { .. }
+            | Self::TooLong
+            | Self::TooManyLines
+            | Self::NotText
+            | Self::NoMetricsPort => false,
+        }
+    }
+
     /// The `reason` label of `worker_reads_rejected`: only refusals a Pod chose (its size, its
     /// redirect); `None` for what may be the network's or the operator's doing.
     pub(crate) fn rejected_reason(&self) -> Option<&'static str> {

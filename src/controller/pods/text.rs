@@ -119,6 +119,10 @@ pub fn finished_counts(text: &str, lanes: &[String]) -> Option<BTreeMap<String, 
 
 /// Reads a worker's answer to `POST /drain?seconds=N` (`0`: an answer to calling it off).
 pub fn read_answer(status: u16, text: &str) -> Answer {
+    if status >= 500 {
+        // The worker's server failed, not the request: what the worker does is unknown.
+        return Answer::Unreachable;
+    }
     let draining = gauge_values(text, DRAINING_METRIC).iter().any(|v| *v > 0.0);
     if status != 200 || !draining {
         return Answer::Refused;
@@ -210,6 +214,8 @@ mod tests {
             read_answer(200, "lanepool_worker_busy 0\nlanepool_worker_draining 0\n"),
             Answer::Refused
         );
-        assert_eq!(read_answer(500, idle), Answer::Refused);
+        assert_eq!(read_answer(500, idle), Answer::Unreachable);
+        assert_eq!(read_answer(503, "busy\n"), Answer::Unreachable);
+        assert_eq!(read_answer(405, idle), Answer::Refused);
     }
 }
