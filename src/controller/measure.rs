@@ -144,13 +144,16 @@ pub(super) async fn measure_pool(
 
 /// Mean job seconds of every lane: the reserve lanes' from their loads, the others' from the
 /// metric convention's shared job-time query (already refreshed for the reserve lanes, so no
-/// extra query). A lane without an answer is left out.
+/// extra query). A lane without an answer within `within` is left out: a shared answer that
+/// hangs never holds the reconcile past its measurement's deadline.
 pub(super) async fn served_job_seconds(
     pool: &LanePool,
     ctx: &Context,
     connection: Option<&Connection>,
     loads: &Loads,
+    within: Duration,
 ) -> BTreeMap<String, f64> {
+    let until = tokio::time::Instant::now() + within;
     let mut seconds: BTreeMap<String, f64> = loads
         .iter()
         .filter_map(|(lane, load)| Some((lane.clone(), load.as_ref().ok()?.job_seconds?)))
@@ -172,7 +175,11 @@ pub(super) async fn served_job_seconds(
             &lane.name,
             &ctx.settings.windows,
         );
-        if let Ok(value) = single_value("job time", &client.ask(&query, period).await) {
+        let Ok(answer) = tokio::time::timeout_at(until, client.ask(&query, period)).await else {
+            warn!(lane = %lane.name, "no job time: Prometheus's shared answer came too late");
+            break;
+        };
+        if let Ok(value) = single_value("job time", &answer) {
             seconds.insert(lane.name.clone(), value);
         }
     }

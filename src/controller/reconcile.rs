@@ -223,7 +223,9 @@ impl Walk<'_> {
         pods::reads::record(ctx, &mut memory.worker_reads, answers, &loads);
         let window = pods::reads::rate_window(ctx);
         memory.worker_reads.apply_to(&mut loads, window);
-        let job_seconds = measure::served_job_seconds(pool, ctx, connection.as_ref(), &loads).await;
+        let within = measure::deadline(self.interval);
+        let job_seconds =
+            measure::served_job_seconds(pool, ctx, connection.as_ref(), &loads, within).await;
         // The lanes only shared workers serve: their longest job time says how seldom, at
         // least, a shared worker frees up to help a reserve lane.
         let shared_job_seconds = job_seconds
@@ -231,7 +233,7 @@ impl Walk<'_> {
             .filter(|(lane, _)| !loads.contains_key(*lane))
             .map(|(_, seconds)| *seconds)
             .reduce(f64::max);
-        memory.measured(connection, job_seconds);
+        memory.measured(connection, job_seconds, &pool.spec.lanes);
         let decision = decide(
             sizing,
             Inputs {

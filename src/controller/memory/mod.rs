@@ -17,7 +17,7 @@ use super::plan::stand_in::StandIns;
 use super::plan::{Release, Rollout, Surge};
 use super::status::METRICS_AVAILABLE;
 use super::workers::{Role, pool_roles, spec_replicas};
-use crate::api::{LanePool, LanePoolStatus};
+use crate::api::{Lane, LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
 use crate::sizing::{Decision, History, Outage, Replicas};
 use reads::WorkerReads;
@@ -121,15 +121,20 @@ impl PoolMemory {
         }
     }
 
-    /// Remembers how the pool was measured: the connection it was reached through and every
-    /// lane's mean job time.
+    /// Remembers how the pool was measured: the connection it was reached through and each
+    /// lane's mean job time. A lane not measured this time keeps its last known job time (a
+    /// failed query must not shorten a drain to its floor); a lane no longer in `lanes` is
+    /// forgotten.
     pub(super) fn measured(
         &mut self,
         connection: Option<Connection>,
         job_seconds: BTreeMap<String, f64>,
+        lanes: &[Lane],
     ) {
         self.connection = connection;
-        self.job_seconds = job_seconds;
+        self.job_seconds.extend(job_seconds);
+        self.job_seconds
+            .retain(|lane, _| lanes.iter().any(|l| l.name == *lane));
     }
 
     /// Remembers a decision made at `now` for the spec's `generation`.
@@ -278,6 +283,27 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_lane_not_measured_this_time_keeps_its_last_job_time_and_a_removed_lane_is_forgotten() {
+        let lane = |name: &str| Lane {
+            name: name.into(),
+            reserve: None,
+        };
+        let mut memory = PoolMemory::default();
+        let both = BTreeMap::from([("urgent".into(), 0.02), ("batch".into(), 30.0)]);
+        memory.measured(None, both, &[lane("urgent"), lane("batch")]);
+        // The batch lane's query failed: its 30 s jobs must not be forgotten (a drain of shared
+        // workers would fall to 3 × 20 ms).
+        let urgent = BTreeMap::from([("urgent".into(), 0.03)]);
+        memory.measured(None, urgent.clone(), &[lane("urgent"), lane("batch")]);
+        assert_eq!(
+            memory.job_seconds,
+            BTreeMap::from([("urgent".into(), 0.03), ("batch".into(), 30.0)])
+        );
+        memory.measured(None, urgent.clone(), &[lane("urgent")]);
+        assert_eq!(memory.job_seconds, urgent);
     }
 
     #[test]

@@ -246,14 +246,16 @@ pub(in crate::controller) fn requeue(
 }
 
 /// How long a shrink waits for its drained workers: [`JOB_TIMES`] × the longest mean job time of
-/// the lanes its workers serve, at least [`SHORTEST_DRAIN`], at most `cap`; `cap` when no served
-/// lane's job time is known.
+/// the lanes its workers serve, at least [`SHORTEST_DRAIN`], at most `cap`; `cap` unless every
+/// served lane's job time is known (none given, or one that is not a number of seconds: a lane
+/// of unknown job time may run jobs of any length).
 pub fn drain_timeout(served_job_seconds: &[f64], cap: Duration) -> Duration {
+    let known = |s: &f64| s.is_finite() && *s >= 0.0;
     let longest = served_job_seconds
         .iter()
-        .copied()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .reduce(f64::max);
+        .all(known)
+        .then(|| served_job_seconds.iter().copied().reduce(f64::max))
+        .flatten();
     match longest {
         Some(seconds) => Duration::try_from_secs_f64(seconds * JOB_TIMES)
             .unwrap_or(cap)
@@ -319,7 +321,12 @@ mod tests {
         // No job time known (or none that makes sense): the cap.
         assert_eq!(drain_timeout(&[], CAP), CAP);
         assert_eq!(drain_timeout(&[f64::NAN, -1.0], CAP), CAP);
-        assert_eq!(drain_timeout(&[f64::NAN, 1.0], CAP), secs(3.0));
+        assert_eq!(
+            drain_timeout(&[f64::NAN, 1.0], CAP),
+            CAP,
+            "one lane unknown"
+        );
+        assert_eq!(drain_timeout(&[0.02, f64::INFINITY], CAP), CAP);
         // A cap below the shortest drain still wins.
         assert_eq!(drain_timeout(&[3.0], secs(1.0)), secs(1.0));
     }

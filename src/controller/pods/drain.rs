@@ -113,10 +113,12 @@ async fn advance(
             drain.hold_unread();
             return;
         };
+        // A served lane whose job time was never measured could run jobs of any length: then
+        // the drain waits its whole limit, not the known lanes' three job times.
         let served: Vec<f64> = shrink
             .lanes
             .iter()
-            .filter_map(|lane| reading.job_seconds.get(lane).copied())
+            .map(|lane| reading.job_seconds.get(lane).copied().unwrap_or(f64::NAN))
             .collect();
         let candidates = candidates(&reading, &live, |name| {
             drain.pods.contains_key(name) || stood_in.is_some_and(|s| s.contains(name))
