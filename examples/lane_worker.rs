@@ -332,21 +332,40 @@ async fn main() -> ExitCode {
         let take_path = format!("/take?lanes={}&worker={}", lanes.join(","), config.name);
         let lapses = standing_in.as_ref().map(|stand_in| stand_in.until);
         // While waiting for a job there is nothing to finish: SIGTERM, a drain or stand-in
-        // request, or the stand-in's end ends the wait at once, so the next take asks for the
-        // lanes now wanted. A job the queue handed out just then goes back to its lane when the
-        // connection closes.
-        let answer = tokio::select! {
-            _ = stop.changed() => break,
-            _ = asked.changed() => {
-                queue.close();
-                continue;
-            }
-            _ = tokio::time::sleep_until(lapses.unwrap_or(now).into()), if lapses.is_some() => {
-                queue.close();
-                continue;
-            }
-            answer = queue.request("GET", &take_path) => answer,
+        // request, or the stand-in's end ends the wait at once (the queue is asked to cancel the
+        // take), so the next take asks for the lanes now wanted. A job the queue handed out just
+        // then is given back, never run: the worker said it had none.
+        let (answer, cancelled, stopping) = {
+            let take = queue.request("GET", &take_path);
+            tokio::pin!(take);
+            let (mut cancelled, mut stopping) = (false, false);
+            let lapse = tokio::time::sleep_until(lapses.unwrap_or(now).into());
+            tokio::pin!(lapse);
+            let answer = loop {
+                tokio::select! {
+                    answer = &mut take => break answer,
+                    _ = stop.changed(), if !stopping => stopping = true,
+                    _ = asked.changed(), if !cancelled => {}
+                    _ = &mut lapse, if lapses.is_some() && !cancelled => {}
+                }
+                if !cancelled {
+                    cancelled = true;
+                    cancel_take(&config).await;
+                }
+            };
+            (answer, cancelled, stopping)
         };
+        if cancelled {
+            if let Ok((200, body)) = &answer
+                && let Ok(job) = serde_json::from_str::<Job>(body)
+            {
+                give_back(&mut queue, &config, &job).await;
+            }
+            if stopping {
+                break;
+            }
+            continue;
+        }
         let job: Option<Job> = match answer {
             Ok((200, body)) => match serde_json::from_str(&body) {
                 Ok(job) => Some(job),
@@ -389,6 +408,15 @@ async fn main() -> ExitCode {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         *lock(&busy) = Some((job.lane.clone(), since_epoch.as_secs_f64()));
+        // A drain answered between the take's answer and the line above said "busy 0": then
+        // this job is given back, not run, so that answer stays true. (The metrics port reads
+        // `busy` after it records a drain; this reads the drain after it records `busy`: one of
+        // the two sees the other.)
+        if asked.borrow().draining(Instant::now()).is_some() {
+            *lock(&busy) = None;
+            give_back(&mut queue, &config, &job).await;
+            continue;
+        }
         let started = Instant::now();
         tokio::time::sleep(Duration::from_millis(job.job_ms)).await;
         let seconds = started.elapsed().as_secs_f64();
@@ -683,6 +711,34 @@ fn stop_on_sigterm() -> std::io::Result<watch::Receiver<bool>> {
     Ok(stopped)
 }
 
+/// Asks the queue to end this worker's waiting take, on a connection of its own (the take's
+/// is busy with it). Best effort: a take not cancelled ends with its long poll.
+async fn cancel_take(config: &Config) {
+    let mut queue = Queue::new(&config.queue);
+    let path = format!("/cancel?worker={}", config.name);
+    if let Err(e) = queue.request("POST", &path).await {
+        eprintln!("{}: cancelling the take: {e}", config.name);
+    }
+}
+
+/// Gives a job got but not started back to the front of its lane.
+async fn give_back(queue: &mut Queue, config: &Config, job: &Job) {
+    match queue
+        .request("POST", &format!("/release?id={}", job.id))
+        .await
+    {
+        Ok((200, _)) => println!("{}: gave back {} job {}", config.name, job.lane, job.id),
+        Ok((status, body)) => eprintln!(
+            "{}: giving back job {} refused ({status}): {}",
+            config.name,
+            job.id,
+            body.trim()
+        ),
+        // The connection is gone: the queue puts the job back itself.
+        Err(e) => eprintln!("{}: giving back job {}: {e}", config.name, job.id),
+    }
+}
+
 /// One kept-alive HTTP/1.1 connection to the queue, opened again after any error.
 struct Queue {
     addr: String,
@@ -695,12 +751,6 @@ impl Queue {
             addr: addr.to_string(),
             connection: None,
         }
-    }
-
-    /// Drops the connection (a request in flight on it is abandoned; the queue puts back a job
-    /// it handed out on it).
-    fn close(&mut self) {
-        self.connection = None;
     }
 
     /// Sends a request without a body; returns the status and the body.

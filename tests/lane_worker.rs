@@ -329,6 +329,58 @@ fn the_job_of_a_killed_worker_goes_back_to_its_lane() {
     let second = worker(addr, "shared", "urgent,batch", "jobs-shared-2");
     second.wait_for_line("the job run again", |l| l.contains(": batch job 1 done"));
     wait_for_metric(addr, "lanepool_jobs_completed_total", "batch", 1.0);
+    assert_eq!(metric(addr, "lanepool_jobs_cut_short_total", "batch"), 1.0);
+}
+
+#[test]
+fn requests_that_end_waits_while_jobs_arrive_give_back_what_they_catch_and_cut_nothing_short() {
+    // Short jobs arriving while the worker's waits are ended over and over (stand-ins flipping
+    // its lanes, drains called on and off): each wait is cancelled at the queue, a job it caught
+    // just then is given back, never run and never counted as cut short.
+    let (_queue, addr) = queue(0, "1..1", "1s");
+    let (mut shared, metrics) =
+        worker_with_metrics(addr, "shared", "urgent,batch", "jobs-shared-1");
+    let submitted = 300;
+    let producer = std::thread::spawn(move || {
+        for _ in 0..submitted {
+            submit(addr, "batch", 2, 1);
+            std::thread::sleep(Duration::from_millis(3));
+        }
+    });
+    let requests = [
+        "/stand-in?lanes=urgent&seconds=60",
+        "/stand-in?seconds=0",
+        "/drain?seconds=60",
+        "/drain?seconds=0",
+    ];
+    let mut asked = 0;
+    while !producer.is_finished() {
+        assert_eq!(
+            http(metrics, "POST", requests[asked % requests.len()]).0,
+            200
+        );
+        asked += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    producer.join().unwrap();
+    http(metrics, "POST", "/drain?seconds=0");
+    http(metrics, "POST", "/stand-in?seconds=0");
+    wait_for_metric(
+        addr,
+        "lanepool_jobs_completed_total",
+        "batch",
+        f64::from(submitted),
+    );
+    let gave_back = shared
+        .lines()
+        .iter()
+        .filter(|l| l.contains("gave back"))
+        .count();
+    println!("{asked} requests; {gave_back} jobs given back and run later");
+    assert_eq!(metric(addr, "lanepool_jobs_cut_short_total", "batch"), 0.0);
+    assert_eq!(metric(addr, "lanepool_queue_depth", "batch"), 0.0);
+    shared.signal("TERM");
+    assert!(shared.wait_exit(Duration::from_secs(3)).success());
 }
 
 #[test]

@@ -1,10 +1,16 @@
 //! The queue's HTTP API for workers, hand-rolled HTTP/1.1 on tokio with keep-alive, so a worker
 //! holds one connection and a take costs no handshake. Jobs a connection took and did not
-//! report done are put back when it closes: a killed worker never loses a job.
+//! report done or give back are put back when it closes, counted as cut short: a killed worker
+//! never loses a job, and a worker that stops waiting cancels its take and gives back what it
+//! got, so the count is exact.
 //!
 //!   GET  /take?lanes=urgent,batch&worker=NAME  200 {"id","lane","job_ms","waited_ms"}, or 204
 //!                                              after the long poll with nothing to take
 //!   POST /done?id=ID&seconds=S                 200; S is the run time the worker measured
+//!   POST /release?id=ID                        200: a job got but not started goes back to
+//!                                              the front of its lane (not a job cut short)
+//!   POST /cancel?worker=NAME                   200: that worker's waiting take answers 204 (or
+//!                                              its next one, if none waits)
 //!   POST /submit?lane=LANE&job_ms=MS           200 {"id"}: a producer outside this process
 //!   GET  /metrics                              the worker metric convention
 //!   GET  /healthz
@@ -150,7 +156,10 @@ async fn respond(
                 return Response::new("400 Bad Request", "take needs lanes=LANE[,LANE...]\n");
             };
             let preference: Vec<String> = preference.split(',').map(str::to_string).collect();
-            match lanes.take(&preference, long_poll).await {
+            match lanes
+                .take(&preference, long_poll, request.param("worker"))
+                .await
+            {
                 Ok(Some(job)) => {
                     taken_here.insert(job.id);
                     let mut response =
@@ -173,6 +182,23 @@ async fn respond(
                 Err(refused) => Response::new("404 Not Found", format!("{refused}\n")),
             }
         }
+        ("POST", "/release") => {
+            let Some(id) = request.param("id").and_then(|id| id.parse().ok()) else {
+                return Response::new("400 Bad Request", "release needs id=JOB\n");
+            };
+            taken_here.remove(&id);
+            match lanes.give_back(id) {
+                Ok(()) => Response::new("200 OK", "ok\n"),
+                Err(refused) => Response::new("404 Not Found", format!("{refused}\n")),
+            }
+        }
+        ("POST", "/cancel") => match request.param("worker").filter(|w| !w.is_empty()) {
+            Some(worker) => {
+                lanes.cancel(worker);
+                Response::new("200 OK", "ok\n")
+            }
+            None => Response::new("400 Bad Request", "cancel needs worker=NAME\n"),
+        },
         ("POST", "/submit") => {
             let lane = request.param("lane").unwrap_or_default();
             let Some(job_ms) = request.param("job_ms").and_then(|ms| ms.parse().ok()) else {

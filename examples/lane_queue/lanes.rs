@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{LineWriter, Write as _};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
@@ -34,9 +34,6 @@ struct Queued {
     job_ms: u64,
     submitted: Instant,
 }
-
-/// How long a worker must have held a job for its return to count as a job cut short.
-const CUT_SHORT_AFTER: Duration = Duration::from_millis(50);
 
 struct Taken {
     lane: String,
@@ -75,6 +72,8 @@ pub struct Lanes {
     state: Mutex<State>,
     /// Woken on every submission, so a long-polling take answers at once.
     submitted: Notify,
+    /// Each worker's cancel of its waiting take, by worker name.
+    cancels: Mutex<HashMap<String, Arc<Notify>>>,
     metrics: LaneMetrics,
     log: Option<JobLog>,
 }
@@ -155,6 +154,7 @@ impl Lanes {
         Self {
             state: Mutex::new(state),
             submitted: Notify::new(),
+            cancels: Mutex::default(),
             metrics,
             log,
         }
@@ -194,8 +194,17 @@ impl Lanes {
         &self,
         preference: &[String],
         long_poll: Duration,
+        worker: Option<&str>,
     ) -> Result<Option<Job>, Refused> {
         let deadline = tokio::time::Instant::now() + long_poll;
+        let cancel = worker.map(|w| self.cancel_of(w));
+        let cancelled = async {
+            match &cancel {
+                Some(cancel) => cancel.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(cancelled);
         loop {
             // Registered before looking, so a submission between the look and the wait wakes us.
             let notified = self.submitted.notified();
@@ -206,6 +215,7 @@ impl Lanes {
             }
             tokio::select! {
                 () = notified => {}
+                () = &mut cancelled => return Ok(None),
                 () = tokio::time::sleep_until(deadline) => return Ok(None),
             }
         }
@@ -262,8 +272,44 @@ impl Lanes {
     }
 
     /// Puts a taken job back at the front of its lane: its worker went away before reporting it
-    /// done (killed, or its connection dropped), and the job must not be lost.
+    /// done or giving it back (killed, or its connection dropped), and the job must not be lost.
+    /// Counted as cut short: a worker that stops waiting cancels its take and gives back what it
+    /// got (`give_back`), so a job still taken when its connection closes was in hand.
     pub fn put_back(&self, id: u64) {
+        self.requeue(id, true);
+    }
+
+    /// Puts a job its worker got but did not start back at the front of its lane: the worker
+    /// stopped waiting (a drain, a stand-in, SIGTERM) as the queue handed it out.
+    pub fn give_back(&self, id: u64) -> Result<(), Refused> {
+        if !self.state().taken.contains_key(&id) {
+            return Err(Refused::UnknownJob(id));
+        }
+        self.requeue(id, false);
+        Ok(())
+    }
+
+    /// Ends `worker`'s take that waits for a job (a 204), or its next one if none waits: the
+    /// worker wants other lanes, or none.
+    pub fn cancel(&self, worker: &str) {
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(worker.to_string())
+            .or_default()
+            .notify_one();
+    }
+
+    fn cancel_of(&self, worker: &str) -> Arc<Notify> {
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(worker.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn requeue(&self, id: u64, cut_short: bool) {
         let mut state = self.state();
         let Some(taken) = state.taken.remove(&id) else {
             return;
@@ -274,9 +320,7 @@ impl Lanes {
         queue.push_front(taken.queued);
         let depth = queue.len();
         self.metrics.depth(&taken.lane, depth);
-        // A job handed out just as its worker stopped waiting comes back at once; one held
-        // longer was running when its worker died (killed at the end of its grace period).
-        if taken.started.elapsed() >= CUT_SHORT_AFTER {
+        if cut_short {
             self.metrics.cut_short(&taken.lane);
         }
         drop(state);
