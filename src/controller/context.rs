@@ -117,6 +117,9 @@ pub struct Context {
     /// Requests to worker Pods in flight, across every pool; granted in the order asked, so a
     /// pool with many Pods waits its turn behind the others instead of starving them.
     pub(super) pod_requests: tokio::sync::Semaphore,
+    /// Drain and stand-in requests in flight, across every pool: slots of their own, so workers
+    /// that answer reads slowly (or not at all) never keep a scale-down from asking.
+    pub(super) pod_posts: tokio::sync::Semaphore,
     /// Reconciles running, at most `--concurrent-reconciles`; granted in the order asked, so
     /// the pools that have waited longest go first when more are due than may run.
     pub(super) reconcile_slots: tokio::sync::Semaphore,
@@ -145,6 +148,7 @@ impl Context {
             prometheus,
             caches: OnceLock::new(),
             pod_requests: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
+            pod_posts: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
             reconcile_slots,
             fence: Fence::open(),
         }

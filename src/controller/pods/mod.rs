@@ -136,24 +136,24 @@ fn count(ctx: &Context, refused: &Refused) {
 }
 
 impl PoolPods<'_> {
-    /// One request, once the operator has a slot for it, within the reconcile's deadline.
-    async fn request<T, F>(&self, send: impl FnOnce() -> F) -> Result<T, Refused>
+    /// One request, once the operator has one of `slots` for it, by `deadline`.
+    async fn request<T, F>(
+        &self,
+        slots: &tokio::sync::Semaphore,
+        deadline: tokio::time::Instant,
+        send: impl FnOnce() -> F,
+    ) -> Result<T, Refused>
     where
         F: Future<Output = Result<T, Refused>>,
     {
         let asked = Instant::now();
         let sent_at = OnceLock::new();
         let sent = async {
-            let _slot = self
-                .ctx
-                .pod_requests
-                .acquire()
-                .await
-                .map_err(|_| Refused::OutOfTime)?;
+            let _slot = slots.acquire().await.map_err(|_| Refused::OutOfTime)?;
             sent_at.get_or_init(Instant::now);
             send().await
         };
-        let answer = tokio::time::timeout_at(self.deadline, sent)
+        let answer = tokio::time::timeout_at(deadline, sent)
             .await
             .unwrap_or(Err(Refused::OutOfTime));
         // Cut off by the budget while waiting for a slot: waited all along, never sent.
@@ -184,7 +184,7 @@ impl PoolPods<'_> {
         let asked: Vec<(String, Option<Answered>)> = futures::stream::iter(targets)
             .map(|(name, address)| async move {
                 let answer = self
-                    .request(|| async {
+                    .request(&self.ctx.pod_requests, self.deadline, || async {
                         let sent = clock.elapsed();
                         let text = http::get(&address, "/metrics").await?;
                         let at = sent + clock.elapsed().saturating_sub(sent) / 2;
@@ -212,11 +212,14 @@ impl PoolPods<'_> {
     }
 
     /// A `POST` of its path (a drain or stand-in request) to each worker at its metrics port:
-    /// (pod name, the status and text of its answer, or why there is none).
+    /// (pod name, the status and text of its answer, or why there is none). Its budget is its
+    /// own ([`POD_BUDGET`] from now, and slots apart from the reads'): what a slow Prometheus
+    /// or slow reads left of the reconcile's budget never decides whether a scale-down asks.
     pub(super) async fn post(
         &self,
         requests: Vec<(&Worker, String)>,
     ) -> Vec<(String, Result<(u16, String), Refused>)> {
+        let deadline = tokio::time::Instant::now() + POD_BUDGET;
         // Owned from here: futures that borrow the workers fail the controller's bound on a
         // reconcile's future ("`FnOnce` is not general enough").
         let requests: Vec<(String, Option<String>, String)> = requests
@@ -227,8 +230,17 @@ impl PoolPods<'_> {
             .map(|(name, address, path)| async move {
                 let answer = match &address {
                     None => Err(Refused::NoMetricsPort),
-                    Some(_) if !self.ctx.may_write() => Err(Refused::NotLeader),
-                    Some(address) => self.request(|| http::post(address, &path)).await,
+                    Some(address) => {
+                        // The fence is checked once a slot is held, just before sending: a
+                        // replica that lost its lease while it waited asks no one.
+                        let send = || async {
+                            if !self.ctx.may_write() {
+                                return Err(Refused::NotLeader);
+                            }
+                            http::post(address, &path).await
+                        };
+                        self.request(&self.ctx.pod_posts, deadline, send).await
+                    }
                 };
                 if let Err(refused) = &answer {
                     count(self.ctx, refused);
