@@ -27,7 +27,7 @@ struct World {
     namespace: String,
     workers: SimulatedWorkers,
     operator: InProcessOperator,
-    _prometheus: TestPrometheus,
+    prometheus: TestPrometheus,
     _readiness: DeploymentReadiness,
 }
 
@@ -47,7 +47,7 @@ impl World {
             namespace,
             workers,
             operator,
-            _prometheus: prometheus,
+            prometheus,
             _readiness: readiness,
         }
     }
@@ -711,4 +711,159 @@ async fn an_evicted_worker_whose_address_answers_for_someone_else_is_never_asked
         requests(&honest_seen, "POST /drain") >= 1,
         "the shrink drained the live worker, not the evicted one"
     );
+}
+
+/// A worker that takes drain requests, whose state and manner the test sets: busy with a batch
+/// job or idle, answering at once, late (past the operator's 500 ms) or never.
+#[derive(Clone, Default)]
+struct Drainable {
+    busy: Arc<std::sync::atomic::AtomicBool>,
+    /// How long every answer waits, in ms; `u64::MAX`: it never answers.
+    delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    seen: Seen,
+}
+
+impl Drainable {
+    async fn serve(&self) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let worker = self.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let worker = worker.clone();
+                tokio::spawn(async move {
+                    let mut head = [0u8; 2048];
+                    let read = stream.read(&mut head).await.unwrap_or(0);
+                    let line = String::from_utf8_lossy(&head[..read])
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    let draining = line.starts_with("POST /drain") && !line.contains("seconds=0 ");
+                    worker.seen.lock().unwrap().push(line);
+                    match worker.delay_ms.load(Ordering::SeqCst) {
+                        u64::MAX => {
+                            tokio::time::sleep(Duration::from_secs(600)).await;
+                            return;
+                        }
+                        ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    }
+                    let busy = if worker.busy.load(Ordering::SeqCst) {
+                        "lanepool_worker_busy{lane=\"batch\"} 1\n\
+                         lanepool_worker_job_started_timestamp_seconds{lane=\"batch\"} 1.0e9\n"
+                    } else {
+                        "lanepool_worker_busy 0\n"
+                    };
+                    let body = format!("{busy}lanepool_worker_draining {}\n", u8::from(draining));
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn set(&self, busy: bool, delay_ms: u64) {
+        self.busy.store(busy, Ordering::SeqCst);
+        self.delay_ms.store(delay_ms, Ordering::SeqCst);
+    }
+}
+
+/// The lowest `spec.replicas` of `deployment` seen over `seconds`, polled every 250 ms.
+async fn lowest_over(world: &World, deployment: &str, seconds: u64) -> Option<i32> {
+    let mut lowest = None;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let now = world.replicas(deployment).await;
+        lowest = match (lowest, now) {
+            (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+            (a, b) => a.or(b),
+        };
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    lowest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_worker_late_silent_or_busy_holds_its_shrink_until_it_answers_idle() {
+    let mut world = World::start("hostile-drain").await;
+    world.urgent("jobs", 30.0);
+    world.urgent("calm", 30.0);
+    world.apply_pool("jobs").await;
+    world.apply_pool("calm").await;
+    until(40, "both pools sized", || async {
+        world.replicas("jobs-urgent-reserved").await == Some(1)
+            && world.replicas("calm-urgent-reserved").await == Some(1)
+    })
+    .await;
+    let shared = world.replicaset_of("jobs", "jobs-shared").await;
+    let worker = Drainable::default();
+    worker.set(true, 0);
+    let at = worker.serve().await;
+    world
+        .pod("drained", labels("jobs", "shared"), Some(&shared), at, true)
+        .await;
+    until(20, "the worker read", || async {
+        requests(&worker.seen, "GET") > 0
+    })
+    .await;
+    // Its answers come 700 ms late: past the operator's 500 ms, so it is not heard from.
+    worker.set(true, 700);
+    let asked = Instant::now();
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .patch(
+            "jobs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"totalWorkers": 9}})),
+        )
+        .await
+        .unwrap();
+    until(20, "the drain asked", || async {
+        requests(&worker.seen, "POST /drain") > 0
+    })
+    .await;
+    let late = lowest_over(&world, "jobs-shared", 12).await;
+    // Then silent, then answering at once but busy: still unknown, then known busy.
+    worker.set(true, u64::MAX);
+    let silent = lowest_over(&world, "jobs-shared", 8).await;
+    // Every read fails as well: Prometheus stopped while the worker says nothing.
+    world.prometheus.stop();
+    let unread = lowest_over(&world, "jobs-shared", 8).await;
+    world.prometheus.resume().unwrap();
+    worker.set(true, 0);
+    let busy = lowest_over(&world, "jobs-shared", 8).await;
+    worker.set(false, 0);
+    let shrunk = until(20, "the shrink once the worker is idle", || async {
+        world.replicas("jobs-shared").await == Some(8)
+    })
+    .await;
+    println!(
+        "jobs-shared 9 → 8: lowest while late {late:?}, silent {silent:?}, unread {unread:?}, \
+         busy {busy:?}; shrunk {:.1} s after the worker said idle, {:.0} s after the decision; \
+         drain requests {}",
+        shrunk.as_secs_f64(),
+        asked.elapsed().as_secs_f64(),
+        requests(&worker.seen, "POST /drain"),
+    );
+    for (phase, lowest) in [
+        ("late", late),
+        ("silent", silent),
+        ("unread", unread),
+        ("busy", busy),
+    ] {
+        assert_eq!(
+            lowest,
+            Some(9),
+            "shrunk while the drained worker was {phase}"
+        );
+    }
+    assert!(
+        requests(&worker.seen, "POST /drain") >= 4,
+        "the drained worker was asked again and again"
+    );
+    // The pool beside was never held: its shared workers are as sized.
+    assert_eq!(world.replicas("calm-shared").await, Some(9));
 }
