@@ -44,6 +44,9 @@ pub(in crate::controller) struct Drain {
     pub(in crate::controller) rechoose: bool,
     /// No worker could be chosen: none answered and Prometheus did not say what they do.
     pub(in crate::controller) unread: bool,
+    /// A drained worker known idle does not show its deletion cost -1 in the Pod cache yet: the
+    /// shrink waits for it, and the reconcile comes back soon.
+    pub(in crate::controller) costs_unseen: bool,
     /// Whether the end of the wait was logged.
     pub(in crate::controller) over: bool,
 }
@@ -235,7 +238,7 @@ pub(in crate::controller) fn requeue(
     drains: &BTreeMap<String, Drain>,
     now: Duration,
 ) -> Option<Duration> {
-    if drains.values().any(|d| d.holds(now)) {
+    if drains.values().any(|d| d.holds(now) || d.costs_unseen) {
         Some(DRAIN_POLL)
     } else {
         drains
