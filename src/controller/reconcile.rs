@@ -401,6 +401,12 @@ fn surge_end(ctx: &Context, waited: Option<Duration>) {
     }
 }
 
+/// Whether the Pod cache shows `worker` with the drained workers' deletion cost.
+fn shows_drained_cost(worker: &pods::Worker) -> bool {
+    let cost = worker.deletion_cost.as_deref();
+    cost.and_then(|c| c.parse::<i32>().ok()) == Some(plan::cost::DRAINED_COST)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,10 +443,4 @@ mod tests {
         println!("a waiting reconcile: {waiting} bytes; a running one: {running}");
         assert!(waiting <= 512, "{waiting} bytes (running: {running})");
     }
-}
-
-/// Whether the Pod cache shows `worker` with the drained workers' deletion cost.
-fn shows_drained_cost(worker: &pods::Worker) -> bool {
-    let cost = worker.deletion_cost.as_deref();
-    cost.and_then(|c| c.parse::<i32>().ok()) == Some(plan::cost::DRAINED_COST)
 }
