@@ -1,0 +1,308 @@
+//! Python workers as Pods, on a real broker: kube-controller-manager makes the Pods, the process
+//! kubelet (`examples/local_kubelet.rs`) runs each container's own command, `lanepool-rq-worker`
+//! from the Python package, taking RQ jobs from a real Redis; the producer
+//! (`examples/redis/produce.py`) submits Poisson arrivals and counts them for Prometheus. The
+//! guide's verification on the pool the operator sizes: at normal load the urgent wait p99 stays
+//! within the urgent job time, a spike above the reserve completes every urgent job while batch
+//! slows and recovers, and the scale-downs between stop no busy worker and lose no job (counted
+//! in Redis by every job's own ledger).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use lanepool::api::LanePool;
+use lanepool_testenv::{
+    self as testenv, Controllers, InProcessOperator, Reply, TestPrometheus, TestRedis, example,
+    python_program,
+};
+use serde_json::json;
+
+/// The urgent lane's job time: what its wait p99 must stay within.
+const URGENT_MS: u64 = 50;
+/// Batch jobs: much longer than the grace period, so a shrink that stopped a busy worker would
+/// cut its job short.
+const BATCH_MS: u64 = 3000;
+const GRACE_SECONDS: i64 = 1;
+const SUBMITTED: &str = "lanepool-demo:submitted";
+const STARTED: &str = "lanepool-demo:started";
+const FINISHED: &str = "lanepool-demo:finished";
+
+/// A child process killed (with its workers: they die with their kubelet) when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/redis"))
+}
+
+/// A free port on 127.0.0.1.
+fn free_addr() -> SocketAddr {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap()
+}
+
+/// One test's world: a namespace of the shared control plane, Redis, the producer's metrics
+/// port scraped by Prometheus, a process kubelet and the operator.
+struct World {
+    client: Client,
+    namespace: String,
+    redis: TestRedis,
+    producer_metrics: SocketAddr,
+    _kubelet: Killed,
+    _prometheus: TestPrometheus,
+    _operator: InProcessOperator,
+}
+
+impl World {
+    async fn start(prefix: &str) -> Self {
+        let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
+        let client = plane.client().await.unwrap();
+        let namespace = plane.namespace(&client, prefix).await.unwrap();
+        let redis = TestRedis::start().expect("redis-server starts");
+        let producer_metrics = free_addr();
+        let prometheus = TestPrometheus::start(&[producer_metrics]).unwrap();
+        let logs: PathBuf = plane.dir().join(format!("workers-{namespace}"));
+        // A loopback block of its own, so parallel tests and the demo never share an address.
+        let block = 2 + namespace.bytes().map(u32::from).sum::<u32>() % 240;
+        let kubelet = Command::new(example("local_kubelet"))
+            .args(["--namespace", &namespace, "--node", &namespace])
+            .arg("--log-dir")
+            .arg(&logs)
+            .arg("--pod-targets")
+            .arg(prometheus.pod_targets())
+            .args(["--ip-block", &block.to_string()])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting local_kubelet");
+        let operator =
+            InProcessOperator::start(client.clone(), vec![namespace.clone()], prometheus.url());
+        Self {
+            client,
+            namespace,
+            redis,
+            producer_metrics,
+            _kubelet: Killed(kubelet),
+            _prometheus: prometheus,
+            _operator: operator,
+        }
+    }
+
+    /// The pool `jobs` of RQ workers: 5 in all, 1–4 reserved for urgent, the rest shared; a
+    /// grace period far shorter than a batch job.
+    async fn apply_pool(&self) {
+        let worker = python_program("lanepool-rq-worker").expect("./tests/setup.sh made it");
+        let pool: LanePool = serde_json::from_value(json!({
+            "apiVersion": "lanepool.dev/v1alpha1",
+            "kind": "LanePool",
+            "metadata": {"name": "jobs"},
+            "spec": {
+                "lanes": [
+                    {"name": "urgent", "reserve": {"min": 1, "max": 4,
+                        "jobTime": {"fallback": format!("{URGENT_MS}ms")}}},
+                    {"name": "batch"},
+                ],
+                "totalWorkers": 5,
+                "interval": "5s",
+                "template": {"spec": {
+                    "terminationGracePeriodSeconds": GRACE_SECONDS,
+                    "containers": [{
+                        "name": "worker",
+                        "image": "lanepool-python-worker",
+                        "command": [worker],
+                        "args": ["--path", examples_dir()],
+                        "ports": [{"name": "metrics", "containerPort": 9100}],
+                        "env": [
+                            {"name": "LANEPOOL_REDIS_URL", "value": self.redis.url()},
+                            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                            {"name": "LANEPOOL_METRICS_ADDR", "value": "$(POD_IP):9100"},
+                        ],
+                    }],
+                }},
+            },
+        }))
+        .unwrap();
+        Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    /// Starts the producer: urgent jobs at `urgent_rate` (a profile, `0s=10,40s=60`), a batch
+    /// backlog that keeps every shared worker busy, for `seconds`.
+    fn produce(&self, urgent_rate: &str, seconds: u64) -> Killed {
+        let python = python_program("python").expect("./tests/setup.sh made it");
+        let child = Command::new(python)
+            .arg(examples_dir().join("produce.py"))
+            .args(["--url", &self.redis.url()])
+            .args(["--namespace", &self.namespace, "--pool", "jobs"])
+            .args(["--duration", &seconds.to_string()])
+            .args(["--metrics-port", &self.producer_metrics.port().to_string()])
+            .args(["--lane", "urgent", "--rate", urgent_rate])
+            .args(["--job-ms", &URGENT_MS.to_string()])
+            .args(["--lane", "batch", "--rate", "0", "--backlog", "200"])
+            .args(["--job-ms", &BATCH_MS.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting produce.py");
+        Killed(child)
+    }
+
+    async fn replicas(&self, name: &str) -> i32 {
+        Api::<Deployment>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|d| d.spec?.replicas)
+            .unwrap_or(0)
+    }
+
+    fn count(&self, words: &[&str]) -> i64 {
+        self.redis.integer(words)
+    }
+
+    /// The waits (enqueued to started) of the urgent jobs that started between `from` and `to`
+    /// (Unix seconds), in seconds, from RQ's own job records.
+    fn urgent_waits(&self, from: f64, to: f64) -> Vec<f64> {
+        let Ok(Reply::Array(ids)) = self.redis.command(&["SMEMBERS", STARTED]) else {
+            panic!("no ledger of started jobs");
+        };
+        let mut waits = Vec::new();
+        for id in ids {
+            let Reply::Bulk(Some(id)) = id else { continue };
+            let key = format!("rq:job:{id}");
+            let Ok(Reply::Array(fields)) =
+                self.redis
+                    .command(&["HMGET", &key, "origin", "enqueued_at", "started_at"])
+            else {
+                continue;
+            };
+            let text: Vec<Option<String>> = fields
+                .into_iter()
+                .map(|f| match f {
+                    Reply::Bulk(v) => v,
+                    _ => None,
+                })
+                .collect();
+            let [Some(origin), Some(enqueued), Some(started)] = &text[..] else {
+                continue;
+            };
+            let (Some(enqueued), Some(started)) = (unix(enqueued), unix(started)) else {
+                continue;
+            };
+            if origin == "urgent" && started >= from && started < to {
+                waits.push(started - enqueued);
+            }
+        }
+        waits
+    }
+}
+
+/// An RQ timestamp (`2026-12-05T00:01:02.123456Z`) as Unix seconds.
+fn unix(text: &str) -> Option<f64> {
+    let at: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    Some(at.as_millisecond() as f64 / 1000.0)
+}
+
+fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn p99(mut values: Vec<f64>) -> f64 {
+    assert!(!values.is_empty(), "no values");
+    values.sort_by(f64::total_cmp);
+    values[(values.len() * 99).div_ceil(100) - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rq_workers_as_pods_keep_the_urgent_wait_within_the_job_time_and_no_shrink_cuts_a_job() {
+    let world = World::start("python-rq").await;
+    world.apply_pool().await;
+    let profile_started = Instant::now();
+    let started_at = now_unix();
+    // 40 s at 10/s × 50 ms, 30 s of a spike at 60/s (3 busy urgent workers on average, the
+    // reserve's max 4 and more), 30 s back at 10/s.
+    let producer = world.produce("0s=10,40s=60,70s=10", 100);
+    let (mut reserved, mut shared) = (Vec::new(), Vec::new());
+    let mut batch_done = Vec::new();
+    while profile_started.elapsed() < Duration::from_secs(100) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        reserved.push(world.replicas("jobs-urgent-reserved").await);
+        shared.push(world.replicas("jobs-shared").await);
+        batch_done.push(world.count(&["ZCARD", "rq:finished:batch"]));
+    }
+    drop(producer);
+    // The end: the batch jobs still queued are taken away at once (RENAME is atomic) and
+    // counted; the urgent ones and the jobs in hand run to their end.
+    world
+        .redis
+        .command(&["RENAME", "rq:queue:batch", "left:batch"])
+        .unwrap();
+    let queued = world.count(&["LLEN", "left:batch"]);
+    let settled = testenv::poll_until(Duration::from_secs(30), || async {
+        world.count(&["LLEN", "rq:queue:urgent"]) == 0
+            && world.count(&["SCARD", STARTED]) == world.count(&["SCARD", FINISHED])
+    })
+    .await;
+    let (submitted, finished) = (
+        world.count(&["SCARD", SUBMITTED]),
+        world.count(&["SCARD", FINISHED]),
+    );
+    let cut_short = world.count(&["SCARD", STARTED]) - finished;
+    let lost = submitted - finished - queued;
+    let normal = world.urgent_waits(started_at + 15.0, started_at + 40.0);
+    let after = world.urgent_waits(started_at + 85.0, started_at + 100.0);
+    let batch_rate = |from: usize, to: usize| {
+        (batch_done[to] - batch_done[from]) as f64 / ((to - from) * 2) as f64
+    };
+    println!(
+        "reserved {reserved:?}\nshared {shared:?}\nurgent wait p99 {:.1} ms at 10/s (job {URGENT_MS} ms, \
+         {} jobs), {:.1} ms after the spike; batch done/s before {:.2}, during {:.2}, after {:.2}; \
+         submitted {submitted}, finished {finished}, queued at the end {queued}, cut short \
+         {cut_short}, lost {lost}",
+        p99(normal.clone()) * 1000.0,
+        normal.len(),
+        p99(after.clone()) * 1000.0,
+        batch_rate(5, 19),
+        batch_rate(22, 34),
+        batch_rate(40, batch_done.len() - 1),
+    );
+    assert!(settled.is_some(), "the jobs in hand did not finish");
+    assert_eq!(cut_short, 0, "a job was cut short");
+    assert_eq!(lost, 0, "a job was lost");
+    assert!(
+        p99(normal) <= URGENT_MS as f64 / 1000.0,
+        "urgent wait p99 above the job time at normal load"
+    );
+    assert!(
+        reserved.iter().any(|r| *r >= 3),
+        "the reserve followed the spike"
+    );
+    assert!(*reserved.last().unwrap() <= 2, "and came back after it");
+    assert!(
+        batch_rate(22, 34) < batch_rate(5, 19),
+        "batch gave way to the spike"
+    );
+    assert!(
+        batch_rate(40, batch_done.len() - 1) > batch_rate(22, 34),
+        "and recovered"
+    );
+}
