@@ -192,7 +192,7 @@ sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
   END { printf "reserve growth, its write to its workers ready: %d times, mean %.2f s, max %.2f s\n", n, n ? sum / n : 0, max }'
 # Each drain: the workers asked, those idle when the shrink went ahead, and how long it waited.
 sed 's/\x1b\[[0-9;]*m//g' "$dir/operator.log" | awk '
-  /drained: the shrink may go ahead/ {
+  /drained: the shrink takes the idle ones/ {
     idle = $0; sub(/.* idle=/, "", idle); sub(/[^0-9].*/, "", idle)
     busy = $0; sub(/.* still_busy=/, "", busy); sub(/[^0-9].*/, "", busy)
     ms = $0; sub(/.* ms=/, "", ms); sub(/[^0-9].*/, "", ms); ms += 0  # a number, not a string, for the max

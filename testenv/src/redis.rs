@@ -57,10 +57,14 @@ impl TestRedis {
         Ok(redis)
     }
 
-    /// Starts Redis with its directory `dir`.
+    /// Starts Redis with its directory `dir`, on a free port.
     pub fn start_in(dir: &Path, lifetime: Lifetime) -> Result<Self> {
+        Self::start_on(dir, free_port()?, lifetime)
+    }
+
+    /// Starts Redis with its directory `dir`, on `port`.
+    pub fn start_on(dir: &Path, port: u16, lifetime: Lifetime) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-        let port = free_port()?;
         // No RDB snapshots and no AOF: a restart in a test is a broker restart, not a recovery
         // from disk (Celery's and RQ's jobs in flight are what the tests follow).
         let args = [
@@ -142,6 +146,13 @@ impl TestRedis {
                 });
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Lets Redis go on running after this value is dropped (for `lanepool-testenv up`).
+    pub fn detach(mut self) {
+        if let Some(process) = self.process.take() {
+            std::mem::forget(process);
         }
     }
 

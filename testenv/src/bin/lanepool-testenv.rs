@@ -1,6 +1,6 @@
 //! `lanepool-testenv`: leaves a local control plane (etcd, kube-apiserver with the LanePool CRD,
-//! kube-controller-manager) and Prometheus running for a person or the demo, and stops them
-//! again. Used by
+//! kube-controller-manager), Prometheus and, when asked, Redis running for a person or the demo,
+//! and stops them again. Used by
 //! tests/cluster/up.sh and down.sh.
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lanepool_testenv::{
-    ControlPlane, Controllers, Lifetime, TestPrometheus, process_alive, terminate_pid,
+    ControlPlane, Controllers, Lifetime, TestPrometheus, TestRedis, process_alive, terminate_pid,
 };
 
 #[derive(Parser)]
@@ -34,6 +34,10 @@ enum Command {
         /// Run no kube-controller-manager: Deployments stay Deployments, nothing makes Pods.
         #[arg(long)]
         no_controller_manager: bool,
+        /// Also start Redis (Debian's redis-server) on 127.0.0.1 at this port, exported as
+        /// REDIS_URL: the broker of the Python workers.
+        #[arg(long, value_name = "PORT")]
+        redis: Option<u16>,
     },
     /// Start a Prometheus in DIR holding a recorded synthetic day of the pool NAMESPACE/jobs
     /// (testenv's `synthetic_day`), ending at the last whole hour, for `lanepool replay`; leave
@@ -58,13 +62,14 @@ async fn main() -> ExitCode {
             dir,
             scrape,
             no_controller_manager,
+            redis,
         } => {
             let controllers = if no_controller_manager {
                 Controllers::None
             } else {
                 Controllers::Pods
             };
-            up(&dir, &scrape, controllers).await
+            up(&dir, &scrape, controllers, redis).await
         }
         Command::History { dir, namespace } => history(&dir, &namespace),
         Command::Down { dir } => down(&dir),
@@ -78,7 +83,12 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn up(dir: &Path, scrape: &[SocketAddr], controllers: Controllers) -> Result<(), String> {
+async fn up(
+    dir: &Path,
+    scrape: &[SocketAddr],
+    controllers: Controllers,
+    redis_port: Option<u16>,
+) -> Result<(), String> {
     if pids(dir).iter().any(|pid| process_alive(*pid)) {
         return Err(format!(
             "a control plane is already running in {}: run down first",
@@ -92,19 +102,27 @@ async fn up(dir: &Path, scrape: &[SocketAddr], controllers: Controllers) -> Resu
         .map_err(|e| e.to_string())?;
     let prometheus = TestPrometheus::start_in(&dir.join("prometheus"), scrape, Lifetime::Detached)
         .map_err(|e| e.to_string())?;
+    let redis = redis_port
+        .map(|port| TestRedis::start_on(&dir.join("redis"), port, Lifetime::Detached))
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let mut all: Vec<u32> = plane.pids();
     all.extend(prometheus.pid());
+    all.extend(redis.as_ref().and_then(TestRedis::pid));
     std::fs::write(
         dir.join("pids"),
         all.iter().map(|p| format!("{p}\n")).collect::<String>(),
     )
     .map_err(|e| e.to_string())?;
-    let env = format!(
+    let mut env = format!(
         "export KUBECONFIG={}\nexport PROMETHEUS_URL={}\nexport LANEPOOL_POD_TARGETS={}\n",
         plane.kubeconfig().display(),
         prometheus.url(),
         prometheus.pod_targets().display()
     );
+    if let Some(redis) = &redis {
+        env.push_str(&format!("export REDIS_URL={}\n", redis.url()));
+    }
     std::fs::write(dir.join("env"), &env).map_err(|e| e.to_string())?;
     eprintln!(
         "control plane up in {:.1} s (logs in {})",
@@ -114,6 +132,9 @@ async fn up(dir: &Path, scrape: &[SocketAddr], controllers: Controllers) -> Resu
     print!("{env}");
     plane.detach();
     prometheus.detach();
+    if let Some(redis) = redis {
+        redis.detach();
+    }
     Ok(())
 }
 
