@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: formatting, lints, unit and property tests, and the integration tests against
-# a real kube-apiserver, etcd and Prometheus (built or installed on first use by tests/setup.sh).
+# Runs every test: formatting, lints, unit and property tests, the Python workers' suite, and the
+# integration tests against a real kube-apiserver, etcd, Prometheus and Redis (built or installed
+# on first use by tests/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,9 @@ if cargo clippy --version >/dev/null 2>&1; then
 else
   echo "== clippy is not installed on this toolchain: skipping lints"
 fi
+
+# The Python workers' package: ruff, and its pytest suite on a real Redis, RQ and Celery.
+./tests/python.sh
 
 echo "== cargo test"
 cargo test --workspace "$@"

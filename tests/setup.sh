@@ -42,3 +42,7 @@ fi
 echo "setup: $(buildah --version)"
 
 ./tests/tools/build.sh
+
+# The Python workers' virtualenv (target/python): the pinned RQ, Celery and the package itself,
+# which the Rust tests and the demo run as Pods.
+./tests/python.sh --setup

@@ -1,0 +1,115 @@
+"""What the environment says a worker is: its lanes in order, its role, pool, name and job slots.
+
+It only reads and validates (with the Rust example worker's texts, each naming the variable); it
+must never guess a value the operator sets, so a hand-made template fails at start, not later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+LANES_ENV = "LANEPOOL_LANES"
+ROLE_ENV = "LANEPOOL_ROLE"
+POOL_ENV = "LANEPOOL_POOL"
+SLOTS_ENV = "LANEPOOL_SLOTS"
+METRICS_ADDR_ENV = "LANEPOOL_METRICS_ADDR"
+
+DEFAULT_METRICS_ADDR = "0.0.0.0:9100"
+MOST_SLOTS = 1024
+
+_SET_BY_THE_OPERATOR = "the operator sets LANEPOOL_LANES, LANEPOOL_ROLE and LANEPOOL_POOL"
+_LANE_NAME = re.compile(r"[a-z0-9-]{1,40}")
+_PORT = re.compile(r"[0-9]{1,5}")
+_HOST = re.compile(r"[^\s\[\]]+")
+
+
+class ConfigError(ValueError):
+    """A variable is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One worker process: the lanes it takes jobs from (first non-empty first) and who it is."""
+
+    lanes: tuple[str, ...]
+    role: str
+    pool: str
+    name: str
+    slots: int
+    metrics_addr: tuple[str, int] | None
+
+
+def config_from_env(environ: Mapping[str, str] = os.environ) -> Config:
+    """Reads `LANEPOOL_*` (and `HOSTNAME`, the Pod's name) or raises `ConfigError`."""
+    lanes_text = _required(
+        environ, LANES_ENV, "comma-separated lanes in preference order, such as urgent,batch"
+    )
+    lanes = tuple(lane.strip() for lane in lanes_text.split(","))
+    bad = next((lane for lane in lanes if not _LANE_NAME.fullmatch(lane)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{LANES_ENV}={debug_str(lanes_text)}: {debug_str(bad)} is not a lane name (lowercase "
+            "letters, digits and '-'), expected comma-separated lanes such as urgent,batch"
+        )
+    role = _required(environ, ROLE_ENV, "reserved or shared")
+    if role not in ("reserved", "shared"):
+        raise ConfigError(f"{ROLE_ENV}={debug_str(role)}: expected reserved or shared")
+    if role == "reserved" and len(lanes) != 1:
+        # The operator gives a reserved worker exactly its lane; more means a hand-made template.
+        raise ConfigError(
+            f"{ROLE_ENV}=reserved takes exactly one lane, but {LANES_ENV}={debug_str(lanes_text)} "
+            f"has {len(lanes)}"
+        )
+    pool = _required(environ, POOL_ENV, "the LanePool's name")
+    slots = _slots(environ.get(SLOTS_ENV, "").strip())
+    metrics_addr = _metrics_addr(environ.get(METRICS_ADDR_ENV, "").strip())
+    name = environ.get("HOSTNAME", "").strip() or f"{pool}-{role}-{os.getpid()}"
+    return Config(lanes, role, pool, name, slots, metrics_addr)
+
+
+def _required(environ: Mapping[str, str], name: str, expected: str) -> str:
+    value = environ.get(name)
+    if value is None:
+        raise ConfigError(f"{name} is not set: expected {expected} ({_SET_BY_THE_OPERATOR})")
+    if not value.strip():
+        raise ConfigError(f"{name} is empty: expected {expected}")
+    return value.strip()
+
+
+def _slots(text: str) -> int:
+    if not text:
+        return 1
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MOST_SLOTS:
+        raise ConfigError(
+            f"{SLOTS_ENV}={debug_str(text)}: expected the number of jobs a worker runs at once, "
+            f"a whole number from 1 to {MOST_SLOTS}"
+        )
+    return int(text)
+
+
+def _metrics_addr(text: str) -> tuple[str, int] | None:
+    """`host:port`, `[v6]:port`, or `off`; unset: every interface, port 9100."""
+    if text == "off":
+        return None
+    text = text or DEFAULT_METRICS_ADDR
+    host, _, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""  # an IPv6 address needs its brackets, or its last group reads as the port
+    if not _HOST.fullmatch(host) or not _PORT.fullmatch(port) or int(port) > 65535:
+        raise ConfigError(
+            f"{METRICS_ADDR_ENV}={debug_str(text)}: expected HOST:PORT such as 0.0.0.0:9100 "
+            "or [::1]:9100, or off"
+        )
+    return host, int(port)
+
+
+def debug_str(text: str) -> str:
+    """`text` quoted as Rust's `{:?}` quotes a string, so answers and errors read the same."""
+    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+    quoted = "".join(escapes.get(c, c if c.isprintable() else f"\\u{{{ord(c):x}}}") for c in text)
+    return f'"{quoted}"'

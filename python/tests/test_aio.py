@@ -1,0 +1,82 @@
+"""`lanepool-redis-worker` (the asyncio worker on Redis lists) as a real process: LANEPOOL_SLOTS
+jobs at once and busy saying so, strict lane order, a drain that takes nothing new and ends at
+once, and SIGTERM finishing every job in hand while the rest stays queued."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis import Redis
+
+from lanepool_worker.producer import Producer
+from processes import RedisServer, Worker, start_worker, value, wait_until
+
+
+@pytest.fixture
+def producer() -> Producer:
+    return Producer(namespace="ns", pool="jobs", registry=None)
+
+
+@pytest.fixture
+def worker(redis_server: RedisServer, redis: Redis) -> Iterator[Worker]:
+    started = start_worker(
+        "lanepool-redis-worker",
+        "urgent,batch",
+        args=("--handler", "handlers:nap"),
+        env={"LANEPOOL_SLOTS": "3", "LANEPOOL_REDIS_URL": redis_server.url},
+    )
+    yield started
+    started.stop()
+
+
+def done(redis: Redis) -> list[str]:
+    return [job_id.decode() for job_id in redis.lrange("done", 0, -1)]
+
+
+def test_three_slots_run_three_jobs_at_once_and_busy_says_3(redis, worker, producer):
+    ids = [producer.submit_list(redis, "batch", {"seconds": 0.8})["id"] for _ in range(4)]
+    wait_until("three jobs in hand", lambda: value(worker.get()[1], "lanepool_worker_busy",
+                                                  lane="batch") == 3)  # fmt: skip
+    assert redis.llen("lanepool:lane:batch") == 1
+    _, text = worker.get()
+    assert value(text, "lanepool_worker_slots") == 3
+    assert value(text, "lanepool_worker_job_started_timestamp_seconds", lane="batch")
+    wait_until("all four done", lambda: sorted(done(redis)) == sorted(ids))
+    _, text = worker.get()
+    assert value(text, "lanepool_worker_busy") == 0
+    assert value(text, "lanepool_job_duration_seconds_count", lane="batch") == 4
+    assert value(text, "lanepool_job_wait_seconds_count", lane="batch") == 4
+    wait = value(text, "lanepool_job_wait_seconds_sum", lane="batch")
+    assert wait is not None and wait >= 0.7  # the fourth waited for a slot
+
+
+def test_lanes_are_taken_in_order_and_a_drain_takes_nothing_new_until_called_off(
+    redis, worker, producer
+):
+    assert worker.post("/drain?seconds=60")[0] == 200
+    batch = [producer.submit_list(redis, "batch", {"seconds": 0.05})["id"] for _ in range(3)]
+    urgent = [producer.submit_list(redis, "urgent", {"seconds": 0.05})["id"] for _ in range(3)]
+    time.sleep(0.5)
+    assert done(redis) == []
+    asked = time.monotonic()
+    status, text = worker.post("/drain?seconds=0")
+    assert status == 200 and value(text, "lanepool_worker_draining") == 0
+    wait_until("all six done", lambda: len(done(redis)) == 6)
+    assert time.monotonic() - asked < 0.6, "the drain's wait was not cut short"
+    # Three slots took the three urgent jobs first, then the batch ones.
+    assert set(done(redis)[:3]) == set(urgent) and set(done(redis)[3:]) == set(batch)
+
+
+def test_sigterm_finishes_every_job_in_hand_and_leaves_the_rest_queued(redis, worker, producer):
+    for _ in range(4):
+        producer.submit_list(redis, "urgent", {"seconds": 1.0})
+    wait_until("three jobs in hand", lambda: value(worker.get()[1], "lanepool_worker_busy",
+                                                  lane="urgent") == 3)  # fmt: skip
+    terminated = time.monotonic()
+    worker.signal()
+    assert worker.wait_exit(5) == 0
+    assert time.monotonic() - terminated >= 0.5, "exited before its jobs could end"
+    assert len(done(redis)) == 3
+    assert redis.llen("lanepool:lane:urgent") == 1

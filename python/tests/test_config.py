@@ -1,0 +1,96 @@
+"""A missing or malformed variable is refused naming it, with the Rust worker's texts; good
+values read as the operator means them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from lanepool_worker import ConfigError, config_from_env
+from processes import BIN
+
+GOOD = {"LANEPOOL_LANES": "urgent,batch", "LANEPOOL_ROLE": "shared", "LANEPOOL_POOL": "jobs"}
+
+
+def with_(**changes: str | None) -> dict[str, str]:
+    env = {**GOOD, **changes}
+    return {k: v for k, v in env.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("LANEPOOL_LANES", None),
+        ("LANEPOOL_LANES", " "),
+        ("LANEPOOL_LANES", "urgent,,batch"),
+        ("LANEPOOL_LANES", "Urgent"),
+        ("LANEPOOL_LANES", "a" * 41),
+        ("LANEPOOL_ROLE", None),
+        ("LANEPOOL_ROLE", "dedicated"),
+        ("LANEPOOL_POOL", None),
+        ("LANEPOOL_SLOTS", "0"),
+        ("LANEPOOL_SLOTS", "1025"),
+        ("LANEPOOL_SLOTS", "two"),
+        ("LANEPOOL_SLOTS", "-1"),
+        ("LANEPOOL_METRICS_ADDR", "9100"),
+        ("LANEPOOL_METRICS_ADDR", "::1:9100"),
+        ("LANEPOOL_METRICS_ADDR", "0.0.0.0:99999"),
+        ("LANEPOOL_METRICS_ADDR", "0.0.0.0:"),
+        ("LANEPOOL_METRICS_ADDR", "on"),
+    ],
+)
+def test_a_missing_or_malformed_variable_is_refused_by_name(variable: str, value: str | None):
+    with pytest.raises(ConfigError) as refused:
+        config_from_env(with_(**{variable: value}))
+    assert variable in str(refused.value)
+
+
+def test_the_texts_are_the_rust_workers():
+    with pytest.raises(ConfigError, match=r"^LANEPOOL_POOL is not set: expected the LanePool's"):
+        config_from_env(with_(LANEPOOL_POOL=None))
+    with pytest.raises(ConfigError) as refused:
+        config_from_env(with_(LANEPOOL_LANES="urgent,Batch"))
+    assert str(refused.value) == (
+        'LANEPOOL_LANES="urgent,Batch": "Batch" is not a lane name (lowercase letters, digits '
+        "and '-'), expected comma-separated lanes such as urgent,batch"
+    )
+    with pytest.raises(ConfigError) as refused:
+        config_from_env(with_(LANEPOOL_ROLE="reserved"))
+    assert str(refused.value) == (
+        'LANEPOOL_ROLE=reserved takes exactly one lane, but LANEPOOL_LANES="urgent,batch" has 2'
+    )
+    with pytest.raises(ConfigError, match=r'^LANEPOOL_ROLE="Shared": expected reserved or shared$'):
+        config_from_env(with_(LANEPOOL_ROLE="Shared"))
+
+
+def test_good_values_read_as_the_operator_means_them():
+    config = config_from_env(with_(LANEPOOL_LANES=" urgent , batch ", HOSTNAME="jobs-shared-x"))
+    assert config.lanes == ("urgent", "batch")
+    assert (config.role, config.pool, config.name) == ("shared", "jobs", "jobs-shared-x")
+    assert config.slots == 1
+    assert config.metrics_addr == ("0.0.0.0", 9100)
+
+    config = config_from_env(
+        with_(LANEPOOL_SLOTS="1024", LANEPOOL_METRICS_ADDR="[::1]:9101", LANEPOOL_ROLE="shared")
+    )
+    assert (config.slots, config.metrics_addr) == (1024, ("::1", 9101))
+    assert config.name == f"jobs-shared-{os.getpid()}"  # no HOSTNAME
+    assert config_from_env(with_(LANEPOOL_METRICS_ADDR="off")).metrics_addr is None
+    reserved = config_from_env(with_(LANEPOOL_LANES="urgent", LANEPOOL_ROLE="reserved"))
+    assert reserved.lanes == ("urgent",)
+
+
+def test_the_workers_refuse_a_bad_environment_with_exit_code_2():
+    env = {"PATH": os.environ["PATH"], **with_(LANEPOOL_ROLE="dedicated")}
+    for script in ("lanepool-rq-worker", "lanepool-redis-worker"):
+        done = subprocess.run([str(BIN / script)], env=env, capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert 'LANEPOOL_ROLE="dedicated"' in done.stderr
+    # One job at a time is all an RQ worker runs: more slots is refused, not ignored.
+    env = {"PATH": os.environ["PATH"], **with_(LANEPOOL_SLOTS="4")}
+    script = str(BIN / "lanepool-rq-worker")
+    done = subprocess.run([script], env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "LANEPOOL_SLOTS=4" in done.stderr
