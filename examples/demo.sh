@@ -18,23 +18,42 @@
 # Pods that take seconds to start, as in a cluster (the local kubelet starts them at once): while
 # the new workers start, the ones they replace stand in for them.
 #   POD_START=10s ./examples/demo.sh
+# Python workers on a real Redis instead of the project's queue: RQ (examples/redis/lanepool-rq.yaml)
+# or Celery with 4 jobs per worker (lanepool-celery.yaml), jobs from examples/redis/produce.py.
+# Their own defaults: urgent 10/s → 60/s → 10/s of 50 ms jobs, batch jobs of 2-4 s.
+#   QUEUE=rq ./examples/demo.sh
+#   QUEUE=celery URGENT_PROFILE=0s=5,30s=40,70s=5 URGENT_MS=100 ./examples/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-profile=${URGENT_PROFILE:-0s=30,40s=150,80s=30}
+queue=${QUEUE:-lane}               # lane: the project's queue and Rust worker; rq, celery: Python
+case "$queue" in
+  lane)
+    profile=${URGENT_PROFILE:-0s=30,40s=150,80s=30} urgent_ms=${URGENT_MS:-20}
+    batch_ms=${BATCH_MS:-100..300} batch_backlog=${BATCH_BACKLOG:-2000} batch_rate=${BATCH_RATE:-40}
+    manifest=examples/demo/lanepool.yaml ;;
+  rq | celery)
+    profile=${URGENT_PROFILE:-0s=10,40s=60,80s=10} urgent_ms=${URGENT_MS:-50}
+    batch_ms=${BATCH_MS:-2000..4000} batch_backlog=${BATCH_BACKLOG:-600} batch_rate=${BATCH_RATE:-0}
+    manifest=examples/redis/lanepool-$queue.yaml
+    # The workers' histograms are the table's source: scraped every 2 s, not a cluster's 15 s.
+    export LANEPOOL_POD_SCRAPE_INTERVAL=${LANEPOOL_POD_SCRAPE_INTERVAL:-2s} ;;
+  *) echo "QUEUE=$queue: expected lane, rq or celery" >&2; exit 2 ;;
+esac
+[ "$queue" = lane ] || [ -z "${URGENT_MS:-}" ] || [[ $urgent_ms =~ ^[0-9]+$ ]] ||
+  { echo "URGENT_MS=$urgent_ms: expected whole milliseconds" >&2; exit 2; }
 duration=${DURATION:-140}
-batch_ms=${BATCH_MS:-100..300}
-batch_backlog=${BATCH_BACKLOG:-2000}
-batch_rate=${BATCH_RATE:-40}
 grace=${GRACE:-30}                 # the pod template's terminationGracePeriodSeconds
 idle_first=${IDLE_FIRST:-true}     # the operator's --idle-workers-first
 drain_timeout=${DRAIN_TIMEOUT:-2m} # the operator's --drain-timeout (0: no drain)
 reserve=${RESERVE:-}               # a static split: reserve.min = reserve.max = RESERVE
 pod_start=${POD_START:-0s}         # the local kubelet's --pod-start
 dir=target/demo
-port=${QUEUE_PORT:-9464}
+port=${QUEUE_PORT:-9464}           # the lane queue's, or the Python producer's metrics port
 metrics_port=${OPERATOR_METRICS_PORT:-8089}
+redis_port=${REDIS_PORT:-6379}
 queue_url="http://127.0.0.1:$port"
+python=target/python/bin/python
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -58,6 +77,12 @@ kubectl=${LANEPOOL_TOOLS_DIR:-target/tools}/kubectl
 # Stopped in this order on exit, Ctrl-C included: the kubelet first (its workers finish their
 # jobs and report them), then the operator and the queue, then the control plane.
 kubelet_pid="" operator_pid="" queue_pid=""
+stop_kubelet() {
+  [ -n "$kubelet_pid" ] || return 0
+  kill "$kubelet_pid" 2>/dev/null || true
+  wait "$kubelet_pid" 2>/dev/null || true
+  kubelet_pid=""
+}
 cleanup() {
   trap - EXIT INT TERM
   for pid in $kubelet_pid $operator_pid $queue_pid; do
@@ -69,10 +94,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "starting etcd, kube-apiserver (with the LanePool CRD), kube-controller-manager and Prometheus (scraping $queue_url and the Pods)"
+redis_flag=()
+[ "$queue" = lane ] || redis_flag=(--redis "$redis_port")
+say "starting etcd, kube-apiserver (with the LanePool CRD), kube-controller-manager and Prometheus (scraping 127.0.0.1:$port and the Pods)${redis_flag:+, and Redis}"
 "$bin/lanepool-testenv" down --dir "$dir" >/dev/null 2>&1 || true
-eval "$("$bin/lanepool-testenv" up --dir "$dir" --scrape "127.0.0.1:$port")"
-echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL"
+eval "$("$bin/lanepool-testenv" up --dir "$dir" --scrape "127.0.0.1:$port" "${redis_flag[@]}")"
+echo "KUBECONFIG=$KUBECONFIG  PROMETHEUS_URL=$PROMETHEUS_URL${REDIS_URL:+  REDIS_URL=$REDIS_URL}"
 
 say "starting the operator (logs: $dir/operator.log)"
 "$bin/lanepool" run --prometheus-url "$PROMETHEUS_URL" --metrics-addr "127.0.0.1:$metrics_port" \
@@ -80,12 +107,13 @@ say "starting the operator (logs: $dir/operator.log)"
   --idle-workers-first "$idle_first" --drain-timeout "$drain_timeout" >"$dir/operator.log" 2>&1 &
 operator_pid=$!
 
-say "kubectl apply -f examples/demo/lanepool.yaml (terminationGracePeriodSeconds: $grace${reserve:+, reserve $reserve fixed})"
+say "kubectl apply -f $manifest (terminationGracePeriodSeconds: $grace${reserve:+, reserve $reserve fixed})"
 "$kubectl" create namespace demo >/dev/null
-static_split="s/^        max: 6$/        max: 6/"
-[ -z "$reserve" ] || static_split="s/^        max: 6$/        min: $reserve\n        max: $reserve/"
+static_split="s/^        max: \([0-9]*\)$/        max: \1/"
+[ -z "$reserve" ] || static_split="s/^        max: [0-9]*$/        min: $reserve\n        max: $reserve/"
 sed -e "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: $grace/" -e "$static_split" \
-  examples/demo/lanepool.yaml | "$kubectl" apply -f -
+  -e "s/fallback: [0-9]*ms/fallback: ${urgent_ms}ms/" -e "s|redis://127.0.0.1:6379/0|${REDIS_URL:-}|" \
+  "$manifest" | "$kubectl" apply -f -
 for _ in $(seq 120); do
   "$kubectl" -n demo get deployment jobs-shared >/dev/null 2>&1 && break
   sleep 0.5
@@ -94,17 +122,27 @@ done
 
 # The queue starts after the Deployments exist, so its profile's clock and the timeline's agree.
 # Its job log ($dir/jobs.log) has every take's exact wait and each worker's round between takes.
-say "starting the lane queue on $queue_url: urgent $profile at 20 ms; batch $batch_backlog queued + $batch_rate/s at $batch_ms ms"
-"$bin/examples/lane_queue" --listen "127.0.0.1:$port" --namespace demo --pool jobs \
-  --urgent-profile "$profile" --batch-backlog "$batch_backlog" --batch-rate "$batch_rate" \
-  --batch-ms "$batch_ms" --job-log "$dir/jobs.log" >"$dir/queue.log" 2>&1 &
+if [ "$queue" = lane ]; then
+  say "starting the lane queue on $queue_url: urgent $profile at $urgent_ms ms; batch $batch_backlog queued + $batch_rate/s at $batch_ms ms"
+  "$bin/examples/lane_queue" --listen "127.0.0.1:$port" --namespace demo --pool jobs \
+    --urgent-profile "$profile" --urgent-job-time "${urgent_ms}ms" --batch-backlog "$batch_backlog" \
+    --batch-rate "$batch_rate" --batch-ms "$batch_ms" --job-log "$dir/jobs.log" >"$dir/queue.log" 2>&1 &
+else
+  say "starting the $queue producer (metrics on 127.0.0.1:$port): urgent $profile at $urgent_ms ms; batch $batch_backlog queued + $batch_rate/s at $batch_ms ms"
+  "$python" examples/redis/produce.py --queue "$queue" --url "$REDIS_URL" --namespace demo \
+    --pool jobs --duration "$duration" --metrics-port "$port" \
+    --lane urgent --rate "$profile" --job-ms "$urgent_ms" \
+    --lane batch --rate "$batch_rate" --job-ms "$batch_ms" --backlog "$batch_backlog" \
+    >"$dir/producer.log" 2>&1 &
+fi
 queue_pid=$!
 start=$SECONDS
 start_epoch=$(date +%s)
 
-say "starting the local kubelet: one lane_worker process per Pod (logs: $dir/workers/)"
-"$bin/examples/local_kubelet" --namespace demo --queue-url "$queue_url" \
-  --worker "$bin/examples/lane_worker" --log-dir "$dir/workers" \
+say "starting the local kubelet: one worker process per Pod (logs: $dir/workers/)"
+# The Python workers' programs (lanepool-rq-worker, celery) are found on the kubelet's PATH.
+PATH="$PWD/target/python/bin:$PATH" "$bin/examples/local_kubelet" --namespace demo \
+  --queue-url "$queue_url" --worker "$bin/examples/lane_worker" --log-dir "$dir/workers" \
   --pod-targets "$LANEPOOL_POD_TARGETS" --pod-start "$pod_start" >"$dir/kubelet.log" 2>&1 &
 kubelet_pid=$!
 
@@ -122,6 +160,9 @@ running() {
     awk -v role="$1" '$1 == role { n += $2 } END { print n + 0 }'
 }
 wait_p99='histogram_quantile(0.99, sum by (le) (rate(lanepool_job_wait_seconds_bucket{lane="urgent"}[10s]))) * 1000'
+# Batch completions: counted by the lane queue, or by each Python worker as it finishes a job.
+done_total=lanepool_jobs_completed_total
+[ "$queue" = lane ] || done_total=lanepool_job_duration_seconds_count
 
 say "watching for $duration s (the urgent rate changes at: $profile)"
 printf '%6s  %9s  %8s  %6s  %15s  %12s  %11s\n' \
@@ -131,8 +172,8 @@ for (( tick = 5; tick <= duration; tick += 5 )); do
   printf '%5ss  %9s  %8s  %6s  %12s ms  %12s  %11s\n' "$((SECONDS - start))" \
     "$(promql 'sum(rate(lanepool_jobs_submitted_total{lane="urgent"}[10s]))')" \
     "$(running reserved)" "$(running shared)" "$(promql "$wait_p99")" \
-    "$(promql 'sum(lanepool_queue_depth{lane="urgent"})' | sed 's/\.0$//')" \
-    "$(promql 'sum(rate(lanepool_jobs_completed_total{lane="batch"}[10s]))')"
+    "$(promql 'max(lanepool_queue_depth{lane="urgent"})' | sed 's/\.0$//')" \
+    "$(promql "sum(rate($done_total{lane=\"batch\"}[10s]))")"
 done
 
 say "each phase of the profile, from Prometheus"
@@ -152,14 +193,24 @@ for i in "${!steps[@]}"; do
   printf '%-12s  %9s  %13s ms  %13s ms  %12s\n' "${from}s-${to}s" \
     "$(promql "sum(increase(lanepool_jobs_submitted_total{lane=\"urgent\"}[$window])) / $((to - from))" "$at")" \
     "$(quantile 0.5)" "$(quantile 0.99)" \
-    "$(promql "sum(increase(lanepool_jobs_completed_total{lane=\"batch\"}[$window])) / $((to - from))" "$at")"
+    "$(promql "sum(increase($done_total{lane=\"batch\"}[$window])) / $((to - from))" "$at")"
 done
 
-say "what the workers ran (from their logs)"
-for log in "$dir"/workers/*.log; do
-  printf '%-24s %6s urgent jobs  %6s batch jobs\n' "$(basename "$log" .log)" \
-    "$(grep -c ': urgent job ' "$log" || true)" "$(grep -c ': batch job ' "$log" || true)"
-done
+if [ "$queue" = lane ]; then
+  say "what the workers ran (from their logs)"
+  for log in "$dir"/workers/*.log; do
+    printf '%-24s %6s urgent jobs  %6s batch jobs\n' "$(basename "$log" .log)" \
+      "$(grep -c ': urgent job ' "$log" || true)" "$(grep -c ': batch job ' "$log" || true)"
+  done
+else
+  # The workers stop first (each finishes its job in hand), then every job's ledger in Redis:
+  # cut short = started and never finished, lost = submitted, not finished and not queued.
+  say "the jobs, from their ledger in Redis, once the workers have stopped"
+  stop_kubelet
+  ledger=examples/redis/jobs.py
+  [ "$queue" = rq ] || ledger=examples/redis/celery_app.py
+  (cd examples/redis && LANEPOOL_REDIS_URL=$REDIS_URL "../../$python" "$(basename "$ledger")" --url "$REDIS_URL")
+fi
 
 say "scale-downs: the Pods stopped, how long each took to free its worker, the jobs cut short"
 echo "idle workers first: $idle_first; drain timeout: $drain_timeout; grace period: $grace s"
@@ -171,7 +222,8 @@ for role in shared urgent-reserved; do
      END { printf "%-16s %2d Pods stopped; SIGTERM to gone: mean %.2f s, max %.2f s; %d waited on a job (>= 0.5 s), %d killed at the end of the grace period\n",
            role, n, n ? t / n : 0, max, waited, killed }'
 done
-echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
+[ "$queue" != lane ] ||
+  echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
 shared_busy='lanepool_worker_busy{namespace="demo",pool="jobs",pod=~"jobs-shared-.*"}'
 echo "shared workers busy: $(promql "avg_over_time((sum($shared_busy) / count($shared_busy))[${duration}s:1s]) * 100") % of the time"
 # The reserve's growth, from the operator's log: from its write of a larger reserved Deployment

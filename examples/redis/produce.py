@@ -1,7 +1,8 @@
-"""The demo's producer: Poisson arrivals on several lanes of RQ queues, each job submitted
-through lanepool_worker.producer (counted in `lanepool_jobs_submitted_total{namespace, pool,
-lane}`, served at --metrics-port, and stamped with its submission time), and its id added to the
-demo's ledger (jobs.py). It prints a line a second.
+"""The demo's producer: Poisson arrivals on several lanes of RQ queues (or Celery's, with
+`--queue celery`), each job submitted through lanepool_worker.producer (counted in
+`lanepool_jobs_submitted_total{namespace, pool, lane}`, served at --metrics-port, and stamped with
+its submission time), and its id added to the demo's ledger (jobs.py, celery_app.py). It prints
+a line a second.
 
     python produce.py --url redis://127.0.0.1:6379/0 --namespace demo --pool jobs --duration 120 \\
         --lane urgent --rate 0s=30,40s=150,80s=30 --job-ms 20 \\
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobs import SUBMITTED
@@ -60,6 +63,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[Lane]]:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     parser.add_argument("--metrics-port", type=int, default=9465)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--queue", choices=["rq", "celery"], default="rq", help="whose jobs")
     lane_parser = argparse.ArgumentParser(prog="--lane")
     lane_parser.add_argument("name")
     lane_parser.add_argument("--rate", type=rate_profile, default=[(0.0, 1.0)])
@@ -81,14 +85,17 @@ def main(argv: list[str]) -> None:
     producer = Producer(args.namespace, args.pool)
     start_http_server(args.metrics_port)
     rng = random.Random(args.seed)
-    queues = {lane.name: Queue(lane.name, connection=redis) for lane in lanes}
     counts = {lane.name: 0 for lane in lanes}
+    send = celery_sender(args.url, producer, redis) if args.queue == "celery" else None
+    queues = {lane.name: Queue(lane.name, connection=redis) for lane in lanes}
 
     def submit(lane: Lane) -> None:
-        job = producer.submit_rq(
-            queues[lane.name], "jobs.sleep_job", rng.uniform(*lane.job_ms) / 1000
-        )
-        redis.sadd(SUBMITTED, job.id)
+        seconds = rng.uniform(*lane.job_ms) / 1000
+        if send is not None:
+            send(lane.name, seconds)
+        else:
+            job = producer.submit_rq(queues[lane.name], "jobs.sleep_job", seconds)
+            redis.sadd(SUBMITTED, job.id)
         counts[lane.name] += 1
 
     for lane in lanes:
@@ -110,6 +117,20 @@ def main(argv: list[str]) -> None:
             print(time.strftime("%H:%M:%S"), "submitted:", counts, flush=True)
             next_line += 1
         time.sleep(max(0.0, min([*due.values(), next_line]) - time.monotonic()))
+
+
+def celery_sender(url: str, producer: Producer, redis: Redis) -> Callable[[str, float], None]:
+    """Sends the demo's Celery task (celery_app.py, which reads its broker from the environment
+    when imported), stamped and counted by the producer's publish hook."""
+    os.environ["LANEPOOL_REDIS_URL"] = url
+    import celery_app
+
+    producer.install_celery()
+
+    def send(lane: str, seconds: float) -> None:
+        celery_app.submit(redis, lane, seconds)
+
+    return send
 
 
 if __name__ == "__main__":
