@@ -77,6 +77,25 @@ async fn a_name_longer_than_a_label_value_is_refused_and_63_is_accepted() {
 }
 
 #[tokio::test]
+async fn the_python_worker_examples_are_accepted_as_shipped() {
+    let (client, namespace) = client_and_namespace().await;
+    for file in ["lanepool-rq.yaml", "lanepool-celery.yaml"] {
+        let path = format!("{}/examples/redis/{file}", env!("CARGO_MANIFEST_DIR"));
+        let yaml = std::fs::read_to_string(&path).expect("the example");
+        let mut manifest: Value = serde_yaml::from_str(&yaml).expect("YAML");
+        // Applied in the test's namespace (as shipped it names the demo's), under a name each.
+        manifest["metadata"]["namespace"] = json!(namespace);
+        manifest["metadata"]["name"] = json!(file.trim_end_matches(".yaml"));
+        let created = create(&client, &namespace, manifest.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{file} refused: {e:?}"));
+        let spec: LanePoolSpec = serde_json::from_value(created.data["spec"].clone()).unwrap();
+        let shipped: LanePoolSpec = serde_json::from_value(manifest["spec"].clone()).unwrap();
+        assert_eq!(spec, shipped, "{file}");
+    }
+}
+
+#[tokio::test]
 async fn the_example_is_accepted_and_read_back_intact() {
     let (client, namespace) = client_and_namespace().await;
     let created = create(&client, &namespace, example())
