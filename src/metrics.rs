@@ -33,6 +33,7 @@ pub struct Metrics {
     query_failures: Counter,
     writes: Family<Labels, Counter>,
     worker_reads_rejected: Family<Labels, Counter>,
+    drain_answers: Family<Labels, Counter>,
     worker_request_wait: Histogram,
     worker_request_duration: Histogram,
     surge_duration: Histogram,
@@ -59,6 +60,7 @@ impl Default for Metrics {
             query_failures: Counter::default(),
             writes: Family::default(),
             worker_reads_rejected: Family::default(),
+            drain_answers: Family::default(),
             // 0 (a slot was free) up to about 4 s.
             worker_request_wait: Histogram::new(
                 std::iter::once(0.0).chain(exponential_buckets(0.0005, 2.0, 14)),
@@ -139,6 +141,14 @@ impl Default for Metrics {
              too many series), redirect (never followed), not_text, implausible (more finished \
              jobs than the worker could have run)",
             metrics.worker_reads_rejected.clone(),
+        );
+        registry.register(
+            "drain_answers",
+            "Drained workers' answers to the drain requests before a shrink, by pool and outcome: \
+             busy (draining, a job in hand: the shrink waits), idle (draining, no job: it may \
+             go), refused (it does not drain: another worker is chosen), unreachable (not heard \
+             from: the shrink waits)",
+            metrics.drain_answers.clone(),
         );
         registry.register(
             "worker_request_wait_seconds",
@@ -242,6 +252,11 @@ impl Metrics {
         self.reconciles.remove(&pool_labels);
         self.shared.remove(&pool_labels);
         self.failed_intervals.remove(&pool_labels);
+        for outcome in ["busy", "idle", "refused", "unreachable"] {
+            let mut labels = pool_labels.clone();
+            labels.push(("outcome", outcome.to_string()));
+            self.drain_answers.remove(&labels);
+        }
         for lane in lanes {
             let mut labels = pool_labels.clone();
             labels.push(("lane", lane));
@@ -270,6 +285,28 @@ impl Metrics {
         self.worker_reads_rejected
             .get_or_create(&vec![("reason", reason.to_string())])
             .inc();
+    }
+
+    /// A drained worker of `pool` answered with `outcome` (busy, idle, refused, unreachable).
+    pub fn drain_answered(&self, namespace: &str, pool: &str, outcome: &'static str) {
+        self.drain_answers
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("pool", pool.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+    }
+
+    /// How many drain answers of `pool` had `outcome`.
+    pub fn drain_answers(&self, namespace: &str, pool: &str, outcome: &'static str) -> u64 {
+        self.drain_answers
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("pool", pool.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .get()
     }
 
     /// How many worker Pods' answers were not taken for `reason`.

@@ -81,6 +81,7 @@ fn exported() -> String {
     metrics.reconcile_failed("kube");
     metrics.observe_query(Duration::from_millis(3), Some("failed"));
     metrics.wrote("success");
+    metrics.drain_answered("ns", "jobs", "busy");
     metrics.render()
 }
 

@@ -864,6 +864,25 @@ async fn a_drained_worker_late_silent_or_busy_holds_its_shrink_until_it_answers_
         requests(&worker.seen, "POST /drain") >= 4,
         "the drained worker was asked again and again"
     );
+    let answers = |outcome| {
+        world
+            .operator
+            .metrics()
+            .drain_answers(&world.namespace, "jobs", outcome)
+    };
+    println!(
+        "drain answers: {} unreachable, {} busy, {} idle, {} refused",
+        answers("unreachable"),
+        answers("busy"),
+        answers("idle"),
+        answers("refused")
+    );
+    assert!(answers("unreachable") >= 2 && answers("busy") >= 1 && answers("idle") >= 1);
+    assert_eq!(
+        answers("refused"),
+        0,
+        "a late or silent worker is not a refusal"
+    );
     // The pool beside was never held: its shared workers are as sized.
     assert_eq!(world.replicas("calm-shared").await, Some(9));
 }

@@ -290,6 +290,18 @@ pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
     ranked.into_iter().take(k).map(|c| c.name.clone()).collect()
 }
 
+impl Answer {
+    /// Its `outcome` label in `lanepool_operator_drain_answers`.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Answer::Draining { busy: true } => "busy",
+            Answer::Draining { busy: false } => "idle",
+            Answer::Refused => "refused",
+            Answer::Unreachable => "unreachable",
+        }
+    }
+}
+
 /// What a worker answered to a drain request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Answer {

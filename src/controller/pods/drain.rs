@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
@@ -137,7 +138,17 @@ async fn advance(
         .into_iter()
         .filter_map(|(name, seconds)| Some((*by_name.get(name)?, seconds)))
         .collect();
-    drain.answered(ask(pods, requests).await);
+    let answers = ask(pods, requests).await;
+    let namespace = pool.namespace().unwrap_or_default();
+    // The drained workers' answers only: one called back answers `seconds=0` without draining.
+    for (_, answer) in answers
+        .iter()
+        .filter(|(name, _)| drain.pods.contains_key(*name))
+    {
+        ctx.metrics
+            .drain_answered(&namespace, &pool.name_any(), answer.outcome());
+    }
+    drain.answered(answers);
     if starting && !drain.pods.is_empty() {
         let names: Vec<&str> = drain.pods.keys().map(String::as_str).collect();
         let note = format!(
