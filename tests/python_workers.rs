@@ -153,9 +153,15 @@ impl World {
     /// Starts the producer: urgent jobs at `urgent_rate` (a profile, `0s=10,40s=60`), a batch
     /// backlog that keeps every shared worker busy, for `seconds`.
     fn produce(&self, urgent_rate: &str, seconds: u64) -> Killed {
+        self.produce_for("rq", urgent_rate, seconds)
+    }
+
+    /// [`Self::produce`] for `queue`'s jobs (`rq` or `celery`).
+    fn produce_for(&self, queue: &str, urgent_rate: &str, seconds: u64) -> Killed {
         let python = python_program("python").expect("./tests/setup.sh made it");
         let child = Command::new(python)
             .arg(examples_dir().join("produce.py"))
+            .args(["--queue", queue])
             .args(["--url", &self.redis.url()])
             .args(["--namespace", &self.namespace, "--pool", "jobs"])
             .args(["--duration", &seconds.to_string()])
@@ -179,6 +185,62 @@ impl World {
             .unwrap()
             .and_then(|d| d.spec?.replicas)
             .unwrap_or(0)
+    }
+
+    /// Of the urgent jobs the live workers started so far, the share that waited at most the
+    /// job time, and how many, from their own wait histograms.
+    async fn urgent_within_job_time(&self) -> (f64, f64) {
+        let bucket = format!(
+            r#"lanepool_job_wait_seconds_bucket{{lane="urgent",le="{}"}}"#,
+            URGENT_MS as f64 / 1000.0
+        );
+        let count = r#"lanepool_job_wait_seconds_count{lane="urgent"}"#;
+        let (mut within, mut all) = (0.0, 0.0);
+        for text in self.worker_answers().await {
+            let value = |series: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(series))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            within += value(&bucket);
+            all += value(count);
+        }
+        (within / all, all)
+    }
+
+    /// Every worker's `/metrics` answer now.
+    async fn worker_answers(&self) -> Vec<String> {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let mut answers = Vec::new();
+        for pod in pods.list(&Default::default()).await.unwrap() {
+            let Some(ip) = pod.status.and_then(|s| s.pod_ip) else {
+                continue;
+            };
+            if let Ok((_, text)) =
+                testenv::http_get(format!("{ip}:9100").parse().unwrap(), "/metrics")
+            {
+                answers.push(text);
+            }
+        }
+        answers
+    }
+
+    /// The most jobs in hand on one of the pool's workers now, from their own `/metrics`.
+    async fn busiest_worker(&self) -> f64 {
+        let mut most = 0.0_f64;
+        for text in self.worker_answers().await {
+            let busy: f64 = text
+                .lines()
+                .filter(|l| {
+                    l.starts_with("lanepool_worker_busy{") || l.starts_with("lanepool_worker_busy ")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            most = most.max(busy);
+        }
+        most
     }
 
     fn count(&self, words: &[&str]) -> i64 {
@@ -425,4 +487,147 @@ async fn a_pool_sized_from_its_workers_alone_follows_the_spike_without_the_produ
     let run = run_profile(&world, profile).await;
     run.print("the workers' own series");
     run.assert_the_guides_verification();
+}
+
+/// What a run of Celery workers of 4 slots showed.
+struct CeleryRun {
+    reserved: Vec<i32>,
+    most_busy: f64,
+    /// The share of urgent jobs that waited at most the job time in the first 38 s (20/s), and
+    /// how many jobs.
+    within: Option<(f64, f64)>,
+    decision: String,
+    settled: bool,
+    cut_short: i64,
+    lost: i64,
+}
+
+/// A pool of 4 Celery workers of 4 slots each: 20/s × 50 ms urgent jobs (one busy slot: a
+/// reserved worker of 4 slots keeps the wait p99 within the job time), 100/s (5 busy slots,
+/// 8 or more wanted: 2 workers of 4 and more), back to 20/s, beside 3 s batch jobs and a grace
+/// period of 1 s.
+async fn celery_run(world: &World) -> CeleryRun {
+    let celery = python_program("celery").expect("./tests/setup.sh made it");
+    let pool: LanePool = serde_json::from_value(json!({
+        "apiVersion": "lanepool.dev/v1alpha1",
+        "kind": "LanePool",
+        "metadata": {"name": "jobs"},
+        "spec": {
+            "lanes": [
+                {"name": "urgent", "reserve": {"min": 1, "max": 3,
+                    "jobTime": {"fallback": format!("{URGENT_MS}ms")}}},
+                {"name": "batch"},
+            ],
+            "totalWorkers": 4,
+            "slotsPerWorker": 4,
+            "interval": "5s",
+            "template": {"spec": {
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
+                "containers": [{
+                    "name": "worker",
+                    "image": "lanepool-python-worker",
+                    "command": [celery],
+                    "args": ["--workdir", examples_dir(), "-A", "celery_app", "worker",
+                             "-n", "celery@$(POD_NAME)", "--loglevel=INFO"],
+                    "ports": [{"name": "metrics", "containerPort": 9100}],
+                    "env": [
+                        {"name": "LANEPOOL_REDIS_URL", "value": world.redis.url()},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "LANEPOOL_METRICS_ADDR", "value": "$(POD_IP):9100"},
+                    ],
+                }],
+            }},
+        },
+    }))
+    .unwrap();
+    let pools: Api<LanePool> = Api::namespaced(world.client.clone(), &world.namespace);
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let started = Instant::now();
+    let producer = world.produce_for("celery", "0s=20,40s=100,75s=20", 110);
+    let (mut reserved, mut most_busy) = (Vec::new(), 0.0_f64);
+    let mut within = None;
+    while started.elapsed() < Duration::from_secs(110) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        reserved.push(world.replicas("jobs-urgent-reserved").await);
+        most_busy = most_busy.max(world.busiest_worker().await);
+        if within.is_none() && started.elapsed() >= Duration::from_secs(38) {
+            within = Some(world.urgent_within_job_time().await);
+        }
+    }
+    drop(producer);
+    // Celery's queue is the lane's list: taken away at once, counted, the rest runs to its end.
+    world
+        .redis
+        .command(&["RENAME", "batch", "left:batch"])
+        .unwrap();
+    let queued = world.count(&["LLEN", "left:batch"]);
+    let settled = testenv::poll_until(Duration::from_secs(30), || async {
+        world.count(&["LLEN", "urgent"]) == 0
+            && world.count(&["SCARD", STARTED]) == world.count(&["SCARD", FINISHED])
+    })
+    .await;
+    let (submitted, finished) = (
+        world.count(&["SCARD", SUBMITTED]),
+        world.count(&["SCARD", FINISHED]),
+    );
+    let cut_short = world.count(&["SCARD", STARTED]) - finished;
+    let lost = submitted - finished - queued;
+    let decision = pools
+        .get("jobs")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.last_decision)
+        .unwrap_or_default();
+    let run = CeleryRun {
+        reserved,
+        most_busy,
+        within,
+        decision,
+        settled: settled.is_some(),
+        cut_short,
+        lost,
+    };
+    println!(
+        "celery, 4 slots a worker: reserved {:?}; most jobs in hand on one worker {}; urgent \
+         jobs within the job time at 20/s (share, of): {:?}; last decision {:?}; cut short {}, \
+         lost {}",
+        run.reserved, run.most_busy, run.within, run.decision, run.cut_short, run.lost
+    );
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn celery_workers_of_four_slots_are_sized_and_drained_by_slots() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let world = World::start("python-celery", true).await;
+    let run = celery_run(&world).await;
+    assert!(run.settled, "the jobs in hand did not finish");
+    assert_eq!(run.cut_short, 0, "a job was cut short");
+    assert_eq!(run.lost, 0, "a job was lost");
+    assert!(run.most_busy >= 4.0, "a worker ran 4 jobs at once");
+    assert!(
+        run.decision.contains("4 slots a worker"),
+        "{}",
+        run.decision
+    );
+    assert!(
+        run.reserved.iter().any(|r| *r >= 2),
+        "the reserve followed the spike in workers of 4 slots"
+    );
+    assert_eq!(*run.reserved.last().unwrap(), 1, "and came back after it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a finding: Celery workers of 4 slots start 93 % of urgent jobs within the 50 ms job \
+            time at 20/s, not 99 % (RQ: p99 45 ms); the cause is being looked for"]
+async fn celery_workers_of_four_slots_keep_the_urgent_wait_p99_within_the_job_time() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let world = World::start("python-celery-wait", true).await;
+    let run = celery_run(&world).await;
+    assert!(
+        run.within.is_some_and(|(share, _)| share >= 0.99),
+        "urgent wait p99 above the job time at 20/s"
+    );
 }
