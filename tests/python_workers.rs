@@ -187,9 +187,9 @@ impl World {
             .unwrap_or(0)
     }
 
-    /// Of the urgent jobs the live workers started so far, the share that waited at most the
-    /// job time, and how many, from their own wait histograms.
-    async fn urgent_within_job_time(&self) -> (f64, f64) {
+    /// How many urgent jobs the live workers started so far waited at most the job time, and
+    /// how many they started, from their own wait histograms.
+    async fn urgent_waits_so_far(&self) -> (f64, f64) {
         let bucket = format!(
             r#"lanepool_job_wait_seconds_bucket{{lane="urgent",le="{}"}}"#,
             URGENT_MS as f64 / 1000.0
@@ -206,7 +206,7 @@ impl World {
             within += value(&bucket);
             all += value(count);
         }
-        (within / all, all)
+        (within, all)
     }
 
     /// Every worker's `/metrics` answer now.
@@ -241,6 +241,28 @@ impl World {
             most = most.max(busy);
         }
         most
+    }
+
+    /// The end of a run, once the producer stopped: the batch jobs still queued (the list
+    /// `batch_list`) are taken away at once (RENAME is atomic: no worker takes one between the
+    /// count and the taking away) and counted, and the urgent ones and the jobs in hand run to
+    /// their end; then every job's ledger.
+    async fn settle(&self, urgent_list: &str, batch_list: &str) -> Ledger {
+        let left = format!("left:{batch_list}");
+        // A list already empty is no key: RENAME answers an error, and nothing is left.
+        let _ = self.redis.command(&["RENAME", batch_list, &left]);
+        let queued = self.count(&["LLEN", &left]);
+        let settled = testenv::poll_until(Duration::from_secs(30), || async {
+            self.count(&["LLEN", urgent_list]) == 0
+                && self.count(&["SCARD", STARTED]) == self.count(&["SCARD", FINISHED])
+        })
+        .await;
+        let finished = self.count(&["SCARD", FINISHED]);
+        Ledger {
+            settled: settled.is_some(),
+            cut_short: self.count(&["SCARD", STARTED]) - finished,
+            lost: self.count(&["SCARD", SUBMITTED]) - finished - queued,
+        }
     }
 
     fn count(&self, words: &[&str]) -> i64 {
@@ -332,6 +354,15 @@ impl Profile {
     }
 }
 
+/// Every job's ledger at the end of a run: cut short = started and never finished; lost =
+/// submitted, not finished and not still queued.
+struct Ledger {
+    /// The jobs in hand and the urgent ones queued all finished.
+    settled: bool,
+    cut_short: i64,
+    lost: i64,
+}
+
 /// What one run of the profile showed.
 struct Run {
     profile: Profile,
@@ -414,21 +445,7 @@ async fn run_profile(world: &World, profile: Profile) -> Run {
         batch_done.push(world.count(&["ZCARD", "rq:finished:batch"]));
     }
     drop(producer);
-    // RENAME is atomic: no worker takes a batch job between the count and the taking away.
-    world
-        .redis
-        .command(&["RENAME", "rq:queue:batch", "left:batch"])
-        .unwrap();
-    let queued = world.count(&["LLEN", "left:batch"]);
-    let settled = testenv::poll_until(Duration::from_secs(30), || async {
-        world.count(&["LLEN", "rq:queue:urgent"]) == 0
-            && world.count(&["SCARD", STARTED]) == world.count(&["SCARD", FINISHED])
-    })
-    .await;
-    let (submitted, finished) = (
-        world.count(&["SCARD", SUBMITTED]),
-        world.count(&["SCARD", FINISHED]),
-    );
+    let ledger = world.settle("rq:queue:urgent", "rq:queue:batch").await;
     let (normal_end, end) = (profile.normal as f64, profile.seconds() as f64);
     Run {
         profile,
@@ -437,9 +454,9 @@ async fn run_profile(world: &World, profile: Profile) -> Run {
         batch_done,
         normal: world.urgent_waits(started_at + normal_end - 25.0, started_at + normal_end),
         after: world.urgent_waits(started_at + end - 15.0, started_at + end),
-        settled: settled.is_some(),
-        cut_short: world.count(&["SCARD", STARTED]) - finished,
-        lost: submitted - finished - queued,
+        settled: ledger.settled,
+        cut_short: ledger.cut_short,
+        lost: ledger.lost,
     }
 }
 
@@ -493,8 +510,8 @@ async fn a_pool_sized_from_its_workers_alone_follows_the_spike_without_the_produ
 struct CeleryRun {
     reserved: Vec<i32>,
     most_busy: f64,
-    /// The share of urgent jobs that waited at most the job time in the first 38 s (20/s), and
-    /// how many jobs.
+    /// The share of urgent jobs started from 13 s to 38 s (at 20/s) that waited at most the job
+    /// time, and how many jobs.
     within: Option<(f64, f64)>,
     decision: String,
     settled: bool,
@@ -546,33 +563,28 @@ async fn celery_run(world: &World) -> CeleryRun {
     let started = Instant::now();
     let producer = world.produce_for("celery", "0s=20,40s=100,75s=20", 110);
     let (mut reserved, mut most_busy) = (Vec::new(), 0.0_f64);
-    let mut within = None;
+    // The normal phase's waits from 13 s on, when the workers have started and taken the jobs
+    // queued meanwhile: a difference of the workers' cumulative histograms (no worker comes or
+    // goes in this phase).
+    let (mut warm, mut within) = (None, None);
     while started.elapsed() < Duration::from_secs(110) {
         tokio::time::sleep(Duration::from_secs(2)).await;
         reserved.push(world.replicas("jobs-urgent-reserved").await);
         most_busy = most_busy.max(world.busiest_worker().await);
-        if within.is_none() && started.elapsed() >= Duration::from_secs(38) {
-            within = Some(world.urgent_within_job_time().await);
+        let elapsed = started.elapsed();
+        if warm.is_none() && elapsed >= Duration::from_secs(13) {
+            warm = Some(world.urgent_waits_so_far().await);
+        } else if let (Some((warm_within, warm_all)), None) = (warm, within)
+            && elapsed >= Duration::from_secs(38)
+        {
+            let (now_within, now_all) = world.urgent_waits_so_far().await;
+            let jobs = now_all - warm_all;
+            within = Some(((now_within - warm_within) / jobs, jobs));
         }
     }
     drop(producer);
-    // Celery's queue is the lane's list: taken away at once, counted, the rest runs to its end.
-    world
-        .redis
-        .command(&["RENAME", "batch", "left:batch"])
-        .unwrap();
-    let queued = world.count(&["LLEN", "left:batch"]);
-    let settled = testenv::poll_until(Duration::from_secs(30), || async {
-        world.count(&["LLEN", "urgent"]) == 0
-            && world.count(&["SCARD", STARTED]) == world.count(&["SCARD", FINISHED])
-    })
-    .await;
-    let (submitted, finished) = (
-        world.count(&["SCARD", SUBMITTED]),
-        world.count(&["SCARD", FINISHED]),
-    );
-    let cut_short = world.count(&["SCARD", STARTED]) - finished;
-    let lost = submitted - finished - queued;
+    // Celery's queue is the lane's list, the key of the lane's name.
+    let ledger = world.settle("urgent", "batch").await;
     let decision = pools
         .get("jobs")
         .await
@@ -585,9 +597,9 @@ async fn celery_run(world: &World) -> CeleryRun {
         most_busy,
         within,
         decision,
-        settled: settled.is_some(),
-        cut_short,
-        lost,
+        settled: ledger.settled,
+        cut_short: ledger.cut_short,
+        lost: ledger.lost,
     };
     println!(
         "celery, 4 slots a worker: reserved {:?}; most jobs in hand on one worker {}; urgent \
@@ -599,7 +611,7 @@ async fn celery_run(world: &World) -> CeleryRun {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn celery_workers_of_four_slots_are_sized_and_drained_by_slots() {
+async fn celery_workers_of_four_slots_keep_the_urgent_wait_and_are_sized_and_drained_by_slots() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let world = World::start("python-celery", true).await;
     let run = celery_run(&world).await;
@@ -617,17 +629,10 @@ async fn celery_workers_of_four_slots_are_sized_and_drained_by_slots() {
         "the reserve followed the spike in workers of 4 slots"
     );
     assert_eq!(*run.reserved.last().unwrap(), 1, "and came back after it");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a finding: Celery workers of 4 slots start 93 % of urgent jobs within the 50 ms job \
-            time at 20/s, not 99 % (RQ: p99 45 ms); the cause is being looked for"]
-async fn celery_workers_of_four_slots_keep_the_urgent_wait_p99_within_the_job_time() {
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let world = World::start("python-celery-wait", true).await;
-    let run = celery_run(&world).await;
     assert!(
-        run.within.is_some_and(|(share, _)| share >= 0.99),
-        "urgent wait p99 above the job time at 20/s"
+        run.within
+            .is_some_and(|(share, jobs)| share >= 0.99 && jobs >= 300.0),
+        "urgent wait p99 above the job time at 20/s: {:?}",
+        run.within
     );
 }
