@@ -87,7 +87,8 @@ impl Drain {
     /// ones that do not drain at all (ranked as before). Those left are asked again each
     /// reconcile and go once they answer idle.
     pub(in crate::controller) fn floor(&self, shrink: &Shrink, now: Duration) -> i32 {
-        if self.unread || self.holds(now) {
+        // A refusal's replacement is chosen at the next reconcile: until then, hold.
+        if self.unread || self.rechoose || self.holds(now) {
             return shrink.live;
         }
         let unconfirmed = i32::try_from(self.unconfirmed()).unwrap_or(i32::MAX);
@@ -238,7 +239,10 @@ pub(in crate::controller) fn requeue(
     drains: &BTreeMap<String, Drain>,
     now: Duration,
 ) -> Option<Duration> {
-    if drains.values().any(|d| d.holds(now) || d.costs_unseen) {
+    if drains
+        .values()
+        .any(|d| d.holds(now) || d.costs_unseen || d.rechoose)
+    {
         Some(DRAIN_POLL)
     } else {
         drains
@@ -582,14 +586,23 @@ mod tests {
         drain.start(&shrink, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(1.0));
         assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["old"]);
         assert_eq!(drain.floor(&shrink, secs(1.0)), 3);
-        // "old" runs a worker that does not take drains (a 404): another is chosen.
+        // "old" runs a worker that does not take drains (a 404): another is chosen, and until
+        // it is, the shrink waits.
         drain.answered(BTreeMap::from([("old".to_string(), Answer::Refused)]));
         assert!(drain.starting(&shrink));
+        assert_eq!(drain.floor(&shrink, secs(1.5)), 3);
+        let drains = BTreeMap::from([("s".into(), drain.clone())]);
+        assert_eq!(requeue(&drains, secs(1.5)), Some(DRAIN_POLL));
         drain.start(&shrink, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(2.0));
         assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["new"]);
         assert!(!drain.starting(&shrink));
         // With no worker that drains left, the shrink goes as ranked, as it always did.
         drain.answered(BTreeMap::from([("new".to_string(), Answer::Refused)]));
+        assert_eq!(
+            drain.floor(&shrink, secs(2.5)),
+            3,
+            "not before the last is tried"
+        );
         drain.start(
             &shrink,
             &pods[..2],
