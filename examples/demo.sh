@@ -225,7 +225,10 @@ done
 [ "$queue" != lane ] ||
   echo "jobs cut short (put back by the queue after their worker died): $(promql 'sum(lanepool_jobs_cut_short_total)' | sed 's/\.0$//')"
 shared_busy='lanepool_worker_busy{namespace="demo",pool="jobs",pod=~"jobs-shared-.*"}'
-echo "shared workers busy: $(promql "avg_over_time((sum($shared_busy) / count($shared_busy))[${duration}s:1s]) * 100") % of the time"
+# Job slots: one per lane worker; the Python workers say how many they have (Celery's 4).
+shared_slots="count($shared_busy)"
+[ "$queue" = lane ] || shared_slots='sum(lanepool_worker_slots{namespace="demo",pool="jobs",pod=~"jobs-shared-.*"})'
+echo "shared workers' job slots busy: $(promql "avg_over_time((sum($shared_busy) / $shared_slots)[${duration}s:1s]) * 100") % of the time"
 # The reserve's growth, from the operator's log: from its write of a larger reserved Deployment
 # to the step that found the new workers ready (the end of the surge's wait; before that line
 # existed, the ranking of the shared Pods or their shrink, which start only then).
