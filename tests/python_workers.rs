@@ -1,7 +1,8 @@
 //! Python workers as Pods, on a real broker: kube-controller-manager makes the Pods, the process
 //! kubelet (`examples/local_kubelet.rs`) runs each container's own command, `lanepool-rq-worker`
-//! from the Python package, taking RQ jobs from a real Redis; the producer
-//! (`examples/redis/produce.py`) submits Poisson arrivals and counts them for Prometheus. The
+//! or `celery` (4 jobs a worker) with the Python package, taking jobs from a real Redis; the
+//! producer (`examples/redis/produce.py`) submits Poisson arrivals and counts them for
+//! Prometheus, or Prometheus sees only the workers' own series. The
 //! guide's verification on the pool the operator sizes: at normal load the urgent wait p99 stays
 //! within the urgent job time, a spike above the reserve completes every urgent job while batch
 //! slows and recovers, and the scale-downs between stop no busy worker and lose no job (counted
