@@ -281,31 +281,10 @@ impl Walk<'_> {
         .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
-        let mut floors = pods::drain::drain_before_shrinks(
+        let floors = pods::drain::drain_before_shrinks(
             pool, ctx, pods, measured, drains, shrinks, &stood_in, self.now,
         )
         .await;
-        // The victims are certain before a shrink: every drained worker known idle shows its
-        // deletion cost -1 in the Pod cache first. Until then the shrink waits a round (500 ms)
-        // and the costs are written. The ReplicaSet controller reads the same watch, two hops
-        // later (the Deployment's change reaches its ReplicaSet first).
-        for shrink in shrinks {
-            let Some(drain) = memory.drains.get_mut(&shrink.deployment) else {
-                continue;
-            };
-            let idle = drain.idle();
-            let floor = floors.get(&shrink.deployment).copied().unwrap_or(shrink.to);
-            drain.costs_unseen = floor < shrink.live
-                && pods
-                    .workers_of(&shrink.deployment)
-                    .iter()
-                    .any(|w| idle.contains(&w.name) && !shows_drained_cost(w));
-            if drain.costs_unseen {
-                let deployment = shrink.deployment.as_str();
-                pods::rank::rank_before_shrink(pool, ctx, pods, measured, deployment, &idle).await;
-                floors.insert(shrink.deployment.clone(), shrink.live);
-            }
-        }
         let drains = &memory.drains;
         pods::stand_in::end(pods, stood_in, |deployment, pod| {
             drains
@@ -399,12 +378,6 @@ fn surge_end(ctx: &Context, waited: Option<Duration>) {
             "surge over: the growing Deployments are ready, the shrinking ones may shrink"
         );
     }
-}
-
-/// Whether the Pod cache shows `worker` with the drained workers' deletion cost.
-fn shows_drained_cost(worker: &pods::Worker) -> bool {
-    let cost = worker.deletion_cost.as_deref();
-    cost.and_then(|c| c.parse::<i32>().ok()) == Some(plan::cost::DRAINED_COST)
 }
 
 #[cfg(test)]

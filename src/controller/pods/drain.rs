@@ -12,12 +12,13 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::rank::{LastMeasured, candidates, read_work};
+use super::rank::{LastMeasured, candidates, rank_before_shrink, read_work};
 use super::text::read_answer;
 use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::plan::Shrink;
+use crate::controller::plan::cost::DRAINED_COST;
 use crate::controller::plan::drain::{self, Answer, Drain};
 use crate::duration::human_seconds;
 
@@ -44,8 +45,9 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
 /// shrink now) and calls off those of Deployments that no longer shrink. A
 /// drain that starts takes first the workers that `standing_in` names for its Deployment.
 /// Returns, for each shrinking Deployment, the fewest workers it may run now
-/// ([`Drain::floor`]): its live count while its drain holds, then one more than decided for each
-/// drained worker not confirmed idle.
+/// ([`Drain::floor`]): its live count while its drain holds (or its idle drained workers' costs
+/// are not yet in the Pod cache), then one more than decided for each drained worker not
+/// confirmed idle.
 #[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn drain_before_shrinks(
     pool: &LanePool,
@@ -77,9 +79,30 @@ pub(in crate::controller) async fn drain_before_shrinks(
         let drain = drains.entry(shrink.deployment.clone()).or_default();
         let stood_in = standing_in.get(&shrink.deployment);
         advance(pool, ctx, pods, measured, drain, shrink, stood_in, now).await;
-        floors.insert(shrink.deployment.clone(), drain.floor(shrink, now));
+        let mut floor = drain.floor(shrink, now);
+        // The victims are certain before a shrink: every drained worker known idle shows its
+        // deletion cost -1 in the Pod cache first. Until then the shrink waits a round (500 ms)
+        // and the costs are written. The ReplicaSet controller reads the same watch, two hops
+        // later (the Deployment's change reaches its ReplicaSet first).
+        let idle = drain.idle();
+        drain.costs_unseen = floor < shrink.live
+            && pods
+                .workers_of(&shrink.deployment)
+                .iter()
+                .any(|w| idle.contains(&w.name) && !shows_drained_cost(w));
+        if drain.costs_unseen {
+            rank_before_shrink(pool, ctx, pods, measured, &shrink.deployment, &idle).await;
+            floor = shrink.live;
+        }
+        floors.insert(shrink.deployment.clone(), floor);
     }
     floors
+}
+
+/// Whether the Pod cache shows `worker` with the drained workers' deletion cost.
+fn shows_drained_cost(worker: &Worker) -> bool {
+    let cost = worker.deletion_cost.as_deref();
+    cost.and_then(|c| c.parse::<i32>().ok()) == Some(DRAINED_COST)
 }
 
 /// One reconcile of one Deployment's drain: choose its workers (at the start, or when the count
