@@ -68,6 +68,19 @@ impl World {
             .unwrap();
     }
 
+    /// The pool `name` at 30/s (30/s × 20 ms × 1.5 = 0.9 → 1 reserved), once sized, and a
+    /// ReplicaSet of its shared Deployment for the test's own Pods.
+    async fn sized_pool(&self, name: &str) -> ReplicaSet {
+        self.urgent(name, 30.0);
+        self.apply_pool(name).await;
+        let reserved = format!("{name}-urgent-reserved");
+        until(40, "1 reserved", || async {
+            self.replicas(&reserved).await == Some(1)
+        })
+        .await;
+        self.replicaset_of(name, &format!("{name}-shared")).await
+    }
+
     fn urgent(&self, pool: &str, rate: f64) {
         self.workers
             .set_lane(&self.namespace, pool, "urgent", rate, 0.020);
@@ -401,13 +414,7 @@ async fn an_endless_answer_is_cut_at_its_cap_and_no_redirect_is_followed_on_get_
 async fn inflated_counts_move_no_reserve_from_a_stranger_nor_from_an_owned_worker() {
     let world = World::start("hostile-counts").await;
     // Prometheus: 30/s × 20 ms × 1.5 = 0.9 → 1 reserved.
-    world.urgent("jobs", 30.0);
-    world.apply_pool("jobs").await;
-    until(40, "1 reserved", || async {
-        world.replicas("jobs-urgent-reserved").await == Some(1)
-    })
-    .await;
-    let shared = world.replicaset_of("jobs", "jobs-shared").await;
+    let shared = world.sized_pool("jobs").await;
     // An honest worker at 150 jobs per read (30/s): the reads are taken while it is alone.
     let (honest, _) = serve(Behaviour::Counting(150.0)).await;
     world
@@ -466,13 +473,7 @@ async fn inflated_counts_move_no_reserve_from_a_stranger_nor_from_an_owned_worke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_ready_worker_is_missing_whoever_else_answers() {
     let world = World::start("hostile-missing").await;
-    world.urgent("jobs", 30.0);
-    world.apply_pool("jobs").await;
-    until(40, "1 reserved", || async {
-        world.replicas("jobs-urgent-reserved").await == Some(1)
-    })
-    .await;
-    let shared = world.replicaset_of("jobs", "jobs-shared").await;
+    let shared = world.sized_pool("jobs").await;
     // The one ready worker is silent; a worker still starting (not ready) and a stranger (no
     // owner, not ready) answer with 150 jobs a read (30/s each).
     let (silent, silent_seen) = serve(Behaviour::Silent).await;
@@ -644,13 +645,7 @@ async fn silent_workers_cost_their_pool_its_budget_and_the_pool_beside_keeps_its
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_worker_whose_address_answers_for_someone_else_is_never_asked() {
     let world = World::start("hostile-evicted").await;
-    world.urgent("jobs", 30.0);
-    world.apply_pool("jobs").await;
-    until(40, "1 reserved", || async {
-        world.replicas("jobs-urgent-reserved").await == Some(1)
-    })
-    .await;
-    let shared = world.replicaset_of("jobs", "jobs-shared").await;
+    let shared = world.sized_pool("jobs").await;
     let (honest, honest_seen) = serve(Behaviour::Counting(150.0)).await;
     let (evicted, evicted_seen) = serve(Behaviour::Counting(150.0)).await;
     for (name, at) in [("honest", honest), ("evicted", evicted)] {

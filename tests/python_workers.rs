@@ -21,7 +21,7 @@ use lanepool_testenv::{
     self as testenv, Controllers, InProcessOperator, Reply, TestPrometheus, TestRedis, example,
     python_program,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The urgent lane's job time: what its wait p99 must stay within.
 const URGENT_MS: u64 = 50;
@@ -114,35 +114,49 @@ impl World {
     /// when given (the convention's producer counter otherwise).
     async fn apply_pool(&self, arrival_rate: Option<String>) {
         let worker = python_program("lanepool-rq-worker").expect("./tests/setup.sh made it");
+        let urgent = json!({"min": 1, "max": 4, "arrivalRate": {"query": arrival_rate}});
+        let size = json!({"totalWorkers": 5});
+        let command = json!({"command": [worker], "args": ["--path", examples_dir()]});
+        self.create_pool(urgent, size, command).await;
+    }
+
+    /// Creates the pool `jobs` of Python workers on this world's Redis: lanes urgent (its
+    /// `reserve`, with the urgent job time as its fallback) and batch, the pool's `size`, and
+    /// a container running `command` with its `metrics` port; a grace period far shorter than
+    /// a batch job.
+    async fn create_pool(&self, mut reserve: Value, size: Value, command: Value) {
+        reserve["jobTime"] = json!({"fallback": format!("{URGENT_MS}ms")});
+        let mut container = json!({
+            "name": "worker",
+            "image": "lanepool-python-worker",
+            "ports": [{"name": "metrics", "containerPort": 9100}],
+            "env": [
+                {"name": "LANEPOOL_REDIS_URL", "value": self.redis.url()},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "LANEPOOL_METRICS_ADDR", "value": "$(POD_IP):9100"},
+            ],
+        });
+        container
+            .as_object_mut()
+            .unwrap()
+            .extend(command.as_object().unwrap().clone());
+        let mut spec = json!({
+            "lanes": [{"name": "urgent", "reserve": reserve}, {"name": "batch"}],
+            "interval": "5s",
+            "template": {"spec": {
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
+                "containers": [container],
+            }},
+        });
+        spec.as_object_mut()
+            .unwrap()
+            .extend(size.as_object().unwrap().clone());
         let pool: LanePool = serde_json::from_value(json!({
             "apiVersion": "lanepool.dev/v1alpha1",
             "kind": "LanePool",
             "metadata": {"name": "jobs"},
-            "spec": {
-                "lanes": [
-                    {"name": "urgent", "reserve": {"min": 1, "max": 4,
-                        "arrivalRate": {"query": arrival_rate},
-                        "jobTime": {"fallback": format!("{URGENT_MS}ms")}}},
-                    {"name": "batch"},
-                ],
-                "totalWorkers": 5,
-                "interval": "5s",
-                "template": {"spec": {
-                    "terminationGracePeriodSeconds": GRACE_SECONDS,
-                    "containers": [{
-                        "name": "worker",
-                        "image": "lanepool-python-worker",
-                        "command": [worker],
-                        "args": ["--path", examples_dir()],
-                        "ports": [{"name": "metrics", "containerPort": 9100}],
-                        "env": [
-                            {"name": "LANEPOOL_REDIS_URL", "value": self.redis.url()},
-                            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                            {"name": "LANEPOOL_METRICS_ADDR", "value": "$(POD_IP):9100"},
-                        ],
-                    }],
-                }},
-            },
+            "spec": spec,
         }))
         .unwrap();
         Api::<LanePool>::namespaced(self.client.clone(), &self.namespace)
@@ -526,41 +540,12 @@ struct CeleryRun {
 /// period of 1 s.
 async fn celery_run(world: &World) -> CeleryRun {
     let celery = python_program("celery").expect("./tests/setup.sh made it");
-    let pool: LanePool = serde_json::from_value(json!({
-        "apiVersion": "lanepool.dev/v1alpha1",
-        "kind": "LanePool",
-        "metadata": {"name": "jobs"},
-        "spec": {
-            "lanes": [
-                {"name": "urgent", "reserve": {"min": 1, "max": 3,
-                    "jobTime": {"fallback": format!("{URGENT_MS}ms")}}},
-                {"name": "batch"},
-            ],
-            "totalWorkers": 4,
-            "slotsPerWorker": 4,
-            "interval": "5s",
-            "template": {"spec": {
-                "terminationGracePeriodSeconds": GRACE_SECONDS,
-                "containers": [{
-                    "name": "worker",
-                    "image": "lanepool-python-worker",
-                    "command": [celery],
-                    "args": ["--workdir", examples_dir(), "-A", "celery_app", "worker",
-                             "-n", "celery@$(POD_NAME)", "--loglevel=INFO"],
-                    "ports": [{"name": "metrics", "containerPort": 9100}],
-                    "env": [
-                        {"name": "LANEPOOL_REDIS_URL", "value": world.redis.url()},
-                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                        {"name": "LANEPOOL_METRICS_ADDR", "value": "$(POD_IP):9100"},
-                    ],
-                }],
-            }},
-        },
-    }))
-    .unwrap();
+    let urgent = json!({"min": 1, "max": 3});
+    let size = json!({"totalWorkers": 4, "slotsPerWorker": 4});
+    let command = json!({"command": [celery], "args": ["--workdir", examples_dir(), "-A",
+        "celery_app", "worker", "-n", "celery@$(POD_NAME)", "--loglevel=INFO"]});
+    world.create_pool(urgent, size, command).await;
     let pools: Api<LanePool> = Api::namespaced(world.client.clone(), &world.namespace);
-    pools.create(&PostParams::default(), &pool).await.unwrap();
     let started = Instant::now();
     let producer = world.produce_for("celery", "0s=20,40s=100,75s=20", 110);
     let (mut reserved, mut most_busy) = (Vec::new(), 0.0_f64);
