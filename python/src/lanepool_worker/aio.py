@@ -30,7 +30,8 @@ from redis.asyncio import Redis as AsyncRedis
 from .config import ConfigError, config_from_env
 from .depth import QueueDepth
 from .logs import setup_logging
-from .redis_client import bounded_client, connect
+from .producer import DEFAULT_KEY_PREFIX
+from .redis_client import DEFAULT_REDIS_URL, REDIS_URL_ENV, bounded_client, connect
 from .server import serve
 from .state import WorkerState
 
@@ -39,9 +40,6 @@ log = logging.getLogger("lanepool_worker")
 # The longest a slot waits in one take: a request usually ends the wait at once (the queue
 # follows the state), and SIGTERM or a request that came just as a take began within a second.
 TAKE_SLICE = 1.0
-DEFAULT_KEY_PREFIX = "lanepool:lane:"
-REDIS_URL_ENV = "LANEPOOL_REDIS_URL"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class QueueJob(Protocol):

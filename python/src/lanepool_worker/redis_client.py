@@ -10,6 +10,9 @@ from redis import ConnectionPool, Redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+REDIS_URL_ENV = "LANEPOOL_REDIS_URL"  # where the workers' Redis is, when no --url is given
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
 # A restarting or failing-over Redis is back within seconds; every command waits for it, up to
 # about 35 s in all (50 ms doubling to 1 s, 40 tries), rather than failing the job in hand or
 # ending the worker. Longer, the worker ends (exit 1) and Kubernetes starts it again.

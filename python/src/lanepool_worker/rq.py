@@ -39,7 +39,8 @@ from rq.worker import BaseWorker, SimpleWorker, Worker, WorkerStatus
 from .config import SLOTS_ENV, Config, ConfigError, config_from_env
 from .depth import QueueDepth
 from .logs import setup_logging
-from .redis_client import bounded_client, connect
+from .producer import SUBMITTED_AT
+from .redis_client import DEFAULT_REDIS_URL, REDIS_URL_ENV, bounded_client, connect
 from .server import serve
 from .state import WorkerState
 
@@ -49,9 +50,6 @@ log = logging.getLogger("lanepool_worker")
 # 1 s, SIGTERM and a request that came just as a slice began are seen within a second; a request
 # usually ends the slice at once (CLIENT UNBLOCK).
 TAKE_SLICE = 1.0
-SUBMITTED_AT = "lanepool_submitted_at"
-REDIS_URL_ENV = "LANEPOOL_REDIS_URL"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class LaneTaking(BaseWorker):
