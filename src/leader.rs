@@ -102,13 +102,39 @@ impl Leadership {
         loop {
             if *self.leader.borrow_and_update() {
                 info!("became the leader");
-                self.fence
-                    .extend_to(Timestamp::now() + renew_deadline_of(self.lease_duration));
+                self.open_fence_from_lease().await;
                 return true;
             }
             if self.leader.changed().await.is_err() {
                 return false;
             }
+        }
+    }
+
+    /// Opens the fence from the lease's own `renewTime` as the API server keeps it (the moment
+    /// another replica counts the lease from), not from when this replica noticed it holds it:
+    /// a notice that came late must not stretch the fence past the renew deadline. Left closed
+    /// when the lease cannot be read or names another holder; the watchdog of [`Self::lost`]
+    /// opens it at the first renewal it sees.
+    async fn open_fence_from_lease(&self) {
+        let read = tokio::time::timeout(
+            renew_deadline_of(self.lease_duration)
+                .try_into()
+                .unwrap_or_default(),
+            self.leases.get(LEASE_NAME),
+        );
+        match read.await {
+            Ok(Ok(lease)) => {
+                let spec = lease.spec.unwrap_or_default();
+                match (spec.holder_identity, spec.renew_time) {
+                    (Some(holder), Some(renewed)) if holder == self.identity => self
+                        .fence
+                        .extend_to(renewed.0 + renew_deadline_of(self.lease_duration)),
+                    (holder, _) => warn!(?holder, "the leader lease names another holder"),
+                }
+            }
+            Ok(Err(error)) => warn!(%error, "reading the leader lease"),
+            Err(_) => warn!("reading the leader lease timed out"),
         }
     }
 

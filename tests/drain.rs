@@ -7,11 +7,12 @@
 //! reserved ones meanwhile, and are the ones drained.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -46,11 +47,91 @@ struct World {
     _kubelet: Killed,
     _queue: LaneQueue,
     _prometheus: TestPrometheus,
-    _operator: InProcessOperator,
+    operators: Operators,
+}
+
+/// Who runs the controller: one in-process operator, or two `lanepool run` processes that elect
+/// a leader.
+enum Operators {
+    InProcess(#[allow(dead_code)] InProcessOperator),
+    Elected([Elected; 2]),
+}
+
+/// A `lanepool run` process campaigning for the Lease `lanepool-operator` of its namespace,
+/// killed when dropped.
+struct Elected {
+    identity: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Elected {
+    fn start(identity: &str, namespace: &str, prometheus: &str, kubeconfig: &Path) -> Self {
+        let log =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{namespace}-{identity}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_lanepool"))
+            .args(["run", "--identity", identity, "--namespaces", namespace])
+            .args(["--leader-election-namespace", namespace])
+            .args(["--leader-election-lease-duration", "3s"])
+            .args([
+                "--prometheus-url",
+                prometheus,
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            // As the in-process operator's settings: the test Prometheus scrapes every second.
+            .args(["--rate-window", "5s", "--job-time-window", "5s"])
+            .args(["--scrape-interval", "1s"])
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting lanepool run");
+        Self {
+            identity: identity.to_string(),
+            child,
+            log,
+        }
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc_kill(self.child.id() as i32, signal) };
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
+
+impl Drop for Elected {
+    fn drop(&mut self) {
+        self.signal(SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl World {
     async fn start(prefix: &str, drain_timeout: Duration, pod_start: Duration) -> Self {
+        Self::start_with(prefix, drain_timeout, pod_start, false).await
+    }
+
+    /// `elected`: two operator processes electing a leader, with the default drain timeout.
+    async fn start_with(
+        prefix: &str,
+        drain_timeout: Duration,
+        pod_start: Duration,
+        elected: bool,
+    ) -> Self {
         let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
         let client = plane.client().await.unwrap();
         let namespace = plane.namespace(&client, prefix).await.unwrap();
@@ -77,10 +158,18 @@ impl World {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("starting local_kubelet");
-        let mut settings = InProcessOperator::settings(prometheus.url());
-        settings.drain_timeout = drain_timeout;
-        let operator =
-            InProcessOperator::start_with(client.clone(), vec![namespace.clone()], settings);
+        let operators = if elected {
+            let start = |identity| {
+                Elected::start(identity, &namespace, &prometheus.url(), plane.kubeconfig())
+            };
+            Operators::Elected([start("a"), start("b")])
+        } else {
+            let mut settings = InProcessOperator::settings(prometheus.url());
+            settings.drain_timeout = drain_timeout;
+            let operator =
+                InProcessOperator::start_with(client.clone(), vec![namespace.clone()], settings);
+            Operators::InProcess(operator)
+        };
         Self {
             client,
             namespace,
@@ -88,8 +177,21 @@ impl World {
             _kubelet: Killed(kubelet),
             _queue: queue_process,
             _prometheus: prometheus,
-            _operator: operator,
+            operators,
         }
+    }
+
+    /// The elected operator that holds the Lease now.
+    async fn leader(&self) -> Option<&Elected> {
+        let Operators::Elected(elected) = &self.operators else {
+            return None;
+        };
+        let lease = Api::<Lease>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt("lanepool-operator")
+            .await
+            .ok()??;
+        let holder = lease.spec?.holder_identity?;
+        elected.iter().find(|e| e.identity == holder)
     }
 
     /// The pool `jobs`: 5 workers, 1–4 reserved for urgent (which barely arrives: 1 reserved),
@@ -264,14 +366,14 @@ fn start_queue(namespace: &str) -> LaneQueue {
     ])
 }
 
-async fn until<F, Fut>(seconds: u64, what: &str, check: F)
+async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
     testenv::poll_until(Duration::from_secs(seconds), check)
         .await
-        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"));
+        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
 }
 
 /// What one saturated shrink did.
@@ -459,4 +561,144 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
         names(&stood_in[0]).iter().all(|n| !left.contains(n)),
         "a worker that stood in is still running: {left:?}"
     );
+}
+
+/// Two `lanepool run` processes electing a leader (a 3 s Lease) run the pool; the reserve is
+/// raised as in [`saturated_shrink`], and the leader is frozen (SIGSTOP) as soon as its drain of
+/// 2 of the 4 busy shared workers (8 s or more from done) has begun. Returns the frozen leader
+/// and when it froze, since the raise.
+async fn leader_frozen_mid_drain(world: &World) -> (&Elected, Instant) {
+    world.apply_pool().await;
+    until(90, "1 reserved and 4 shared workers ready", || async {
+        world.counts("jobs-urgent-reserved").await.1 == 1
+            && world.counts("jobs-shared").await.1 == 4
+    })
+    .await;
+    until(
+        60,
+        "every shared worker 2 s or less into its job",
+        || async {
+            let ages = world.shared_job_ages().await;
+            ages.len() == 4 && ages.iter().all(|age| age.is_some_and(|a| a < 2.0))
+        },
+    )
+    .await;
+    let raised = Instant::now();
+    world.raise_reserve(3).await;
+    until(20, "the leader's drain", || async {
+        !world.events("Draining").await.is_empty()
+    })
+    .await;
+    let leader = world.leader().await.expect("a leader holds the Lease");
+    leader.signal(SIGSTOP);
+    println!(
+        "leader {} frozen {:.1} s after the reserve was raised",
+        leader.identity,
+        raised.elapsed().as_secs_f64()
+    );
+    (leader, raised)
+}
+
+/// Waits until `leader`, thawed, exits: it sees another holder of the Lease.
+async fn exits(leader: &Elected) {
+    leader.signal(SIGCONT);
+    let pid = leader.child.id();
+    until(15, "the thawed leader exits", || async {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_mid_drain_leaves_the_shrink_to_the_standby_and_no_job_is_cut_short() {
+    let world = World::start_with(
+        "leader-drain",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::ZERO,
+        true,
+    )
+    .await;
+    let (leader, raised) = leader_frozen_mid_drain(&world).await;
+    until(40, "the shared Deployment shrinks to 2", || async {
+        world.counts("jobs-shared").await.0 == 2
+    })
+    .await;
+    let shrink = raised.elapsed();
+    let standby = world.leader().await.expect("the standby holds the Lease");
+    assert_ne!(
+        standby.identity, leader.identity,
+        "the frozen leader still leads"
+    );
+    until(30, "two shared Pods left", || async {
+        world.pods(SHARED).await.len() == 2
+    })
+    .await;
+    let cut_short = world.cut_short();
+    let still_draining = world.shared_saying("lanepool_worker_draining").await;
+    println!(
+        "standby {} shrank shared {:.1} s after the raise; {cut_short} batch jobs cut short; \
+         drains: {:?}",
+        standby.identity,
+        shrink.as_secs_f64(),
+        world.events("Draining").await
+    );
+    assert_eq!(cut_short, 0.0, "a drained worker's job was cut short");
+    assert_eq!(still_draining, 0, "a worker left is still draining");
+    assert!(
+        shrink >= Duration::from_secs(7),
+        "shared shrank {shrink:?} after the reserve was raised, before its workers' jobs could end"
+    );
+    exits(leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_a_frozen_leader_left_is_ended_by_the_standby_when_the_shrink_is_called_off() {
+    let world = World::start_with(
+        "leader-called-off",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::ZERO,
+        true,
+    )
+    .await;
+    let (leader, _) = leader_frozen_mid_drain(&world).await;
+    // While the leader is frozen the pool gets 2 more workers: the reserve grows 1 → 3 and the
+    // shared workers stay 4, so nothing shrinks any more, and the drained workers would sit
+    // idle until their drain lapses (the drain timeout and 15 s).
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .patch(
+            "jobs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"totalWorkers": 7}})),
+        )
+        .await
+        .unwrap();
+    let took_over = until(20, "the standby leads", || async {
+        world
+            .leader()
+            .await
+            .is_some_and(|l| l.identity != leader.identity)
+    })
+    .await;
+    let back = testenv::poll_until(Duration::from_secs(15), || async {
+        world.shared_saying("lanepool_worker_draining").await == 0
+    })
+    .await;
+    let standby = world.leader().await.expect("the standby holds the Lease");
+    let back = back.unwrap_or_else(|| {
+        panic!(
+            "shared workers still draining 15 s after the standby led:\n{}",
+            standby.log()
+        )
+    });
+    let cut_short = world.cut_short();
+    println!(
+        "standby led {:.1} s after the freeze; the frozen leader's drain ended {:.1} s later; \
+         {cut_short} batch jobs cut short",
+        took_over.as_secs_f64(),
+        back.as_secs_f64()
+    );
+    assert_eq!(world.counts("jobs-shared").await.0, 4, "shared shrank");
+    assert_eq!(cut_short, 0.0);
+    exits(leader).await;
 }

@@ -262,6 +262,19 @@ impl Walk<'_> {
         surge_ends: Duration,
     ) -> plan::Release {
         let (pool, ctx) = (self.pool, self.ctx);
+        // What an earlier leader left in the workers: taken over, or ended, by the steps below.
+        if !memory.inherited_read {
+            let inherited = pods::inherited::read(pods).await;
+            if inherited.len() > 0 {
+                info!(
+                    workers = inherited.len(),
+                    "workers drain or stand in for an earlier leader: taken over where this \
+                     rollout wants them, ended elsewhere"
+                );
+            }
+            inherited.adopt(&mut memory.drains, &mut memory.stand_ins, self.now);
+            memory.inherited_read = true;
+        }
         let measured = LastMeasured {
             connection: memory.connection.as_ref(),
             job_seconds: &memory.job_seconds,

@@ -62,6 +62,9 @@ pub(super) struct PoolMemory {
     pub(super) worker_reads: WorkerReads,
     /// Every lane's mean job time at the last measurement: drains and rankings go by it.
     pub(super) job_seconds: BTreeMap<String, f64>,
+    /// Whether this process has read which workers still drain or stand in for an earlier
+    /// leader (`pods/inherited.rs`): once, at its first reconcile of the pool.
+    pub(super) inherited_read: bool,
 }
 
 /// How old the measurements in a status may get while they stay within their tolerance.

@@ -49,7 +49,7 @@ impl StandIns {
             .iter()
             .filter(|c| !self.refused.contains(&c.name))
             .map(|c| Candidate {
-                draining: self.pods.contains(&c.name),
+                draining: c.draining || self.pods.contains(&c.name),
                 ..c.clone()
             })
             .collect();

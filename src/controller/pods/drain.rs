@@ -18,7 +18,7 @@ use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::plan::Shrink;
-use crate::controller::plan::cost::DRAINED_COST;
+use crate::controller::plan::cost::{DRAINED_COST, IDLE_COST};
 use crate::controller::plan::drain::{self, Answer, Drain};
 use crate::duration::human_seconds;
 
@@ -60,13 +60,20 @@ pub(in crate::controller) async fn drain_before_shrinks(
     now: Duration,
 ) -> BTreeMap<String, i32> {
     for (deployment, drain) in drain::called_off(drains, shrinks) {
-        // Best effort: a worker not reached now takes jobs again when its drain lapses.
-        let back = pods
+        // Best effort: a worker not reached now takes jobs again when its drain lapses. One
+        // marked to go first loses the mark before it takes a job.
+        let back: Vec<(&Worker, u64)> = pods
             .workers_of(&deployment)
             .into_iter()
             .filter(|w| drain.pods.contains_key(&w.name))
             .map(|w| (w, 0))
             .collect();
+        let marked = back
+            .iter()
+            .filter(|(w, _)| shows_drained_cost(w))
+            .map(|(w, _)| (w.name.clone(), IDLE_COST))
+            .collect();
+        pods.set_deletion_costs(marked).await;
         ask(pods, back).await;
         info!(
             deployment,
@@ -80,16 +87,17 @@ pub(in crate::controller) async fn drain_before_shrinks(
         let stood_in = standing_in.get(&shrink.deployment);
         advance(pool, ctx, pods, measured, drain, shrink, stood_in, now).await;
         let mut floor = drain.floor(shrink, now);
-        // The victims are certain before a shrink: every drained worker known idle shows its
-        // deletion cost -1 in the Pod cache first. Until then the shrink waits a round (500 ms)
-        // and the costs are written. The ReplicaSet controller reads the same watch, two hops
-        // later (the Deployment's change reaches its ReplicaSet first).
+        // The victims are certain before a shrink: the Pod cache shows deletion cost -1 on every
+        // drained worker known idle, and on no other (a mark left by a drain called off, or by
+        // an earlier leader). Until then the shrink waits a round (500 ms) and the costs are
+        // written. The ReplicaSet controller reads the same watch, two hops later (the
+        // Deployment's change reaches its ReplicaSet first).
         let idle = drain.idle();
         drain.costs_unseen = floor < shrink.live
             && pods
                 .workers_of(&shrink.deployment)
                 .iter()
-                .any(|w| idle.contains(&w.name) && !shows_drained_cost(w));
+                .any(|w| idle.contains(&w.name) != shows_drained_cost(w));
         if drain.costs_unseen {
             rank_before_shrink(pool, ctx, pods, measured, &shrink.deployment, &idle).await;
             floor = shrink.live;

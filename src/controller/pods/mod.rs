@@ -10,6 +10,7 @@
 
 pub(super) mod drain;
 mod http;
+pub(super) mod inherited;
 mod owners;
 pub(super) mod rank;
 pub(super) mod reads;
