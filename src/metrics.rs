@@ -34,6 +34,8 @@ pub struct Metrics {
     writes: Family<Labels, Counter>,
     worker_reads_rejected: Family<Labels, Counter>,
     drain_answers: Family<Labels, Counter>,
+    stand_in_answers: Family<Labels, Counter>,
+    busy_workers_stopped: Family<Labels, Counter>,
     worker_request_wait: Histogram,
     worker_request_duration: Histogram,
     surge_duration: Histogram,
@@ -61,6 +63,8 @@ impl Default for Metrics {
             writes: Family::default(),
             worker_reads_rejected: Family::default(),
             drain_answers: Family::default(),
+            stand_in_answers: Family::default(),
+            busy_workers_stopped: Family::default(),
             // 0 (a slot was free) up to about 4 s.
             worker_request_wait: Histogram::new(
                 std::iter::once(0.0).chain(exponential_buckets(0.0005, 2.0, 14)),
@@ -149,6 +153,21 @@ impl Default for Metrics {
              go), refused (it does not drain: another worker is chosen), unreachable (not heard \
              from: the shrink waits)",
             metrics.drain_answers.clone(),
+        );
+        registry.register(
+            "stand_in_answers",
+            "Answers to the stand-in requests while a reserve grows, by pool and outcome: \
+             standing_in (it serves the reserve's lanes until the new workers are ready), \
+             refused (it does not stand in), unreachable (not heard from); neither of the last \
+             two holds anything back",
+            metrics.stand_in_answers.clone(),
+        );
+        registry.register(
+            "busy_workers_stopped",
+            "Workers a shrink stopped that its ranking last read busy, by pool: each job in hand \
+             is cut short unless it ends within the grace period. With draining on, only workers \
+             that do not drain can be among them",
+            metrics.busy_workers_stopped.clone(),
         );
         registry.register(
             "worker_request_wait_seconds",
@@ -257,6 +276,12 @@ impl Metrics {
             labels.push(("outcome", outcome.to_string()));
             self.drain_answers.remove(&labels);
         }
+        for outcome in ["standing_in", "refused", "unreachable"] {
+            let mut labels = pool_labels.clone();
+            labels.push(("outcome", outcome.to_string()));
+            self.stand_in_answers.remove(&labels);
+        }
+        self.busy_workers_stopped.remove(&pool_labels);
         for lane in lanes {
             let mut labels = pool_labels.clone();
             labels.push(("lane", lane));
@@ -296,6 +321,41 @@ impl Metrics {
                 ("outcome", outcome.to_string()),
             ])
             .inc();
+    }
+
+    /// A worker of `pool` asked to stand in answered with `outcome` (standing_in, refused,
+    /// unreachable).
+    pub fn stand_in_answered(&self, namespace: &str, pool: &str, outcome: &'static str) {
+        self.stand_in_answers
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("pool", pool.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+    }
+
+    /// A shrink of `pool` stopped `count` workers its ranking last read busy.
+    pub fn stopped_busy(&self, namespace: &str, pool: &str, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.busy_workers_stopped
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("pool", pool.to_string()),
+            ])
+            .inc_by(count);
+    }
+
+    /// How many workers of `pool` shrinks stopped busy.
+    pub fn busy_workers_stopped(&self, namespace: &str, pool: &str) -> u64 {
+        self.busy_workers_stopped
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("pool", pool.to_string()),
+            ])
+            .get()
     }
 
     /// How many drain answers of `pool` had `outcome`.

@@ -53,7 +53,7 @@ struct World {
 /// Who runs the controller: one in-process operator, or two `lanepool run` processes that elect
 /// a leader.
 enum Operators {
-    InProcess(#[allow(dead_code)] InProcessOperator),
+    InProcess(InProcessOperator),
     Elected([Elected; 2]),
 }
 
@@ -179,6 +179,16 @@ impl World {
             _prometheus: prometheus,
             operators,
         }
+    }
+
+    /// How many workers the in-process operator's shrinks stopped busy, as its metric says.
+    fn busy_stopped(&self) -> u64 {
+        let Operators::InProcess(operator) = &self.operators else {
+            panic!("only the in-process operator's metrics are read");
+        };
+        operator
+            .metrics()
+            .busy_workers_stopped(&self.namespace, "jobs")
     }
 
     /// The elected operator that holds the Lease now.
@@ -460,6 +470,11 @@ async fn drained_workers_finish_their_jobs_before_the_shrink_and_the_reserve_gro
         shrunk.cut_short, 0.0,
         "a drained worker's job was cut short"
     );
+    assert_eq!(
+        world.busy_stopped(),
+        0,
+        "the operator says it stopped busy workers"
+    );
     // Until their replacements are ready the shared workers take jobs as usual.
     assert_eq!(
         shrunk.drained_before_ready, 0,
@@ -495,6 +510,8 @@ async fn without_a_drain_a_saturated_shrink_cuts_the_stopped_workers_jobs_short(
         shrunk.cut_short >= 1.0,
         "no job cut short: the scenario does not stop busy workers"
     );
+    // The operator knew: its ranking read the workers it stopped busy.
+    assert_eq!(world.busy_stopped() as f64, shrunk.cut_short);
     assert!(
         shrunk.shrink < Duration::from_secs(7),
         "shared shrank {:?} after the reserve was raised",
@@ -520,9 +537,13 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
         "the shared workers to stop did not stand in while the new reserved workers started"
     );
     assert_eq!(shrunk.drained_before_ready, 0);
-    // Whether a job was cut short is the drain test's (above); here it is only printed: once,
-    // under the whole suite's load, one was, for a cause not found (docs/testing.md).
     println!("stand-in world: {} batch jobs cut short", shrunk.cut_short);
+    assert_eq!(shrunk.cut_short, 0.0, "a stand-in's job was cut short");
+    assert_eq!(
+        world.busy_stopped(),
+        0,
+        "the operator says it stopped busy workers"
+    );
     assert!(
         shrunk.growth >= Duration::from_secs(4),
         "the new reserved workers were ready after {:?}, before their pod start",

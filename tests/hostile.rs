@@ -881,3 +881,110 @@ async fn a_drained_worker_late_silent_or_busy_holds_its_shrink_until_it_answers_
     // The pool beside was never held: its shared workers are as sized.
     assert_eq!(world.replicas("calm-shared").await, Some(9));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_pods_of_other_shrinking_pools_never_delay_a_calm_pools_drain() {
+    // Ten pools shrink by 16 shared workers each, every one a Pod that takes the connection
+    // and never answers: each of their reconciles asks 16 at once, reads and drain requests
+    // alike, more than the operator's 64 shared places. A calm pool beside them drains one
+    // worker that answers at once.
+    const HOSTILE: usize = 10;
+    let world = World::start("hostile-crowd").await;
+    let (silent, silent_seen) = serve(Behaviour::Silent).await;
+    let calm_shared = world.sized_pool("calm").await;
+    let mut hostile = Vec::new();
+    for p in 0..HOSTILE {
+        let name = format!("crowd-{p}");
+        hostile.push((name.clone(), world.sized_pool(&name).await));
+    }
+    let made = Instant::now();
+    futures::future::join_all(hostile.iter().flat_map(|(pool, shared)| {
+        let world = &world;
+        (0..16).map(move |i| async move {
+            let labels = labels(pool, "shared");
+            let name = format!("{pool}-silent-{i}");
+            world.pod(&name, labels, Some(shared), silent, true).await
+        })
+    }))
+    .await;
+    let worker = Drainable::default();
+    worker.set(false, 0);
+    let at = worker.serve().await;
+    world
+        .pod(
+            "calm-worker",
+            labels("calm", "shared"),
+            Some(&calm_shared),
+            at,
+            true,
+        )
+        .await;
+    println!(
+        "{} silent Pods made in {:.1} s",
+        HOSTILE * 16,
+        made.elapsed().as_secs_f64()
+    );
+    let pools = Api::<LanePool>::namespaced(world.client.clone(), &world.namespace);
+    let total = |n: i32| Patch::Merge(json!({"spec": {"totalWorkers": n}}));
+    // Each crowd pool grows to 19 shared workers, then shrinks to 3: a drain of 16.
+    for (pool, _) in &hostile {
+        pools
+            .patch(pool, &PatchParams::default(), &total(20))
+            .await
+            .unwrap();
+    }
+    for (pool, _) in &hostile {
+        let shared = format!("{pool}-shared");
+        until(30, "the crowd pools grown", || async {
+            world.replicas(&shared).await == Some(19)
+        })
+        .await;
+    }
+    for (pool, _) in &hostile {
+        pools
+            .patch(pool, &PatchParams::default(), &total(4))
+            .await
+            .unwrap();
+    }
+    until(20, "the crowd's drains asked", || async {
+        requests(&silent_seen, "POST /drain") >= 16 * HOSTILE
+    })
+    .await;
+    let asked = Instant::now();
+    pools
+        .patch("calm", &PatchParams::default(), &total(9))
+        .await
+        .unwrap();
+    let shrunk = until(30, "the calm pool's shrink", || async {
+        world.replicas("calm-shared").await == Some(8)
+    })
+    .await;
+    let unreachable =
+        world
+            .operator
+            .metrics()
+            .drain_answers(&world.namespace, "calm", "unreachable");
+    let crowd_held = futures::future::join_all(hostile.iter().map(|(pool, _)| {
+        let world = &world;
+        async move { world.replicas(&format!("{pool}-shared")).await }
+    }))
+    .await;
+    println!(
+        "calm pool shrank {:.1} s after its decision ({} drain requests, {unreachable} \
+         unreachable); silent Pods asked {} GETs and {} drains; crowd pools' shared replicas \
+         {crowd_held:?}",
+        shrunk.as_secs_f64(),
+        requests(&worker.seen, "POST /drain"),
+        requests(&silent_seen, "GET"),
+        requests(&silent_seen, "POST /drain"),
+    );
+    assert_eq!(unreachable, 0, "the calm pool's worker was not reached");
+    // One interval (5 s, later by its jitter) and a drain round at most.
+    assert!(
+        shrunk <= Duration::from_secs(8),
+        "the calm pool's shrink waited {shrunk:?} behind silent Pods of other pools"
+    );
+    // The crowd pools hold: their silent workers are unknown, never idle.
+    assert!(crowd_held.iter().all(|r| *r == Some(19)), "{crowd_held:?}");
+    println!("total {:?}", asked.elapsed());
+}

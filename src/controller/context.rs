@@ -326,6 +326,10 @@ impl Context {
             .collect();
         self.prometheus
             .forget_lanes(|lane| live.contains(&(lane.namespace.as_str(), lane.pool.as_str())));
+        self.prometheus.forget_pools(|pool| {
+            pool.split_once('/')
+                .is_some_and(|(namespace, name)| live.contains(&(namespace, name)))
+        });
     }
 
     /// Runs a write with the timeout, cut short where the fence closes, and counts its result

@@ -136,7 +136,7 @@ pub(super) async fn measure_pool(
     };
     let timeout = Duration::from_secs(5);
     let connection = spec::connection(&source, url, named, timeout, read).await?;
-    let client = ctx.prometheus.get(&connection)?;
+    let client = ctx.prometheus.for_pool(&connection, &pool_key(pool))?;
     let period = refresh_period(ctx.settings.windows.scrape_interval);
     let loads = measure(&client, &queries, period, deadline(interval)).await;
     Ok((loads, Some(connection)))
@@ -186,6 +186,19 @@ pub(super) async fn served_job_seconds(
     seconds
 }
 
+/// The most a ranking or a drain waits for Prometheus to say which workers are busy: as long as
+/// the workers themselves get ([`super::pods`]'s Pod budget). Unknown then means hold.
+const BUSY_DEADLINE: Duration = Duration::from_secs(1);
+
+/// A pool's key among the Prometheus clients' shares: `namespace/name`.
+pub(super) fn pool_key(pool: &LanePool) -> String {
+    format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    )
+}
+
 /// The PromQL for a pool's busy gauges, by pod and lane.
 pub fn busy_query(namespace: &str, pool: &str) -> String {
     format!(
@@ -211,20 +224,28 @@ pub(super) async fn busy_workers(
     deployment: &str,
 ) -> Option<(Vec<Sample>, Vec<Sample>)> {
     let connection = connection?;
-    let (namespace, pool) = (pool.namespace().unwrap_or_default(), pool.name_any());
     let client = ctx
         .prometheus
-        .get(connection)
+        .for_pool(connection, &pool_key(pool))
         .map_err(|error| warn!(deployment, %error, "Prometheus not asked for busy workers"))
         .ok()?;
+    let (namespace, pool) = (pool.namespace().unwrap_or_default(), pool.name_any());
     let (busy_promql, started_promql) = (
         busy_query(&namespace, &pool),
         started_query(&namespace, &pool),
     );
-    let (busy, started) = futures::join!(
+    let both = futures::future::join(
         client.query_labelled(&busy_promql),
         client.query_labelled(&started_promql),
     );
+    let Ok((busy, started)) = tokio::time::timeout(BUSY_DEADLINE, both).await else {
+        warn!(
+            deployment,
+            "Prometheus did not say which workers are busy within {}",
+            human_seconds(BUSY_DEADLINE.as_secs_f64())
+        );
+        return None;
+    };
     let busy = busy
         .map_err(|error| warn!(deployment, %error, "Prometheus not asked for busy workers"))
         .ok()?;

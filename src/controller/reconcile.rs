@@ -306,13 +306,30 @@ impl Walk<'_> {
         })
         .await;
         let release = rollout.release(pool, live, &floors, rules);
+        let to: BTreeMap<String, i32> = workers::pool_roles(pool, &release.replicas)
+            .into_iter()
+            .map(|(name, _, count)| (name, count))
+            .collect();
         for deployment in &release.shrinking {
             let drained = memory
                 .drains
                 .get(deployment)
                 .map(|d| d.idle())
                 .unwrap_or_default();
-            pods::rank::rank_before_shrink(pool, ctx, pods, measured, deployment, &drained).await;
+            let costs =
+                pods::rank::rank_before_shrink(pool, ctx, pods, measured, deployment, &drained)
+                    .await;
+            let from = live.get(deployment).and_then(workers::spec_replicas);
+            let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
+            let busy = pods::rank::busy_among_cheapest(
+                costs.unwrap_or_default(),
+                usize::try_from(stopping).unwrap_or(0),
+            );
+            ctx.metrics.stopped_busy(
+                &pool.namespace().unwrap_or_default(),
+                &pool.name_any(),
+                busy,
+            );
         }
         release
     }

@@ -96,10 +96,15 @@ impl std::fmt::Debug for ClientCertificate {
 pub const DEFAULT_CONCURRENCY: u16 = 10;
 
 /// One HTTP client per connection, built on first use and shared by every pool that reaches the
-/// same server the same way; every query through them shares one limit on queries in flight.
+/// same server the same way; every query through them shares one limit on queries in flight, of
+/// which one pool's own queries hold at most a quarter: a tenant's slow PromQL (it may run for
+/// the connection's whole timeout) never takes every place from the other pools.
 pub struct Clients {
     clients: Mutex<HashMap<Connection, Client>>,
     in_flight: Arc<Semaphore>,
+    /// Each pool's share of the places in flight, by `namespace/name`.
+    shares: Mutex<HashMap<String, Arc<Semaphore>>>,
+    share: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -110,8 +115,28 @@ impl Clients {
         Self {
             clients: Mutex::default(),
             in_flight: Arc::new(Semaphore::new(concurrency.max(1))),
+            shares: Mutex::default(),
+            share: (concurrency / 4).max(1),
             metrics,
         }
+    }
+
+    /// The client for `connection` as the pool `pool` (`namespace/name`) uses it: its own
+    /// queries hold at most the pool's share of the places in flight.
+    pub fn for_pool(&self, connection: &Connection, pool: &str) -> Result<Client> {
+        let share = lock(&self.shares)
+            .entry(pool.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.share)))
+            .clone();
+        Ok(Client {
+            share: Some(share),
+            ..self.get(connection)?
+        })
+    }
+
+    /// Forgets the shares of the pools `live` does not name (`namespace/name`).
+    pub fn forget_pools(&self, live: impl Fn(&str) -> bool) {
+        lock(&self.shares).retain(|pool, _| live(pool));
     }
 
     /// The client for `connection`, building it (and checking its headers, token and CA) once.
@@ -124,6 +149,7 @@ impl Clients {
             http: http_client(connection)?,
             endpoint: endpoint(&connection.url)?,
             in_flight: self.in_flight.clone(),
+            share: None,
             metrics: self.metrics.clone(),
             shared: Arc::default(),
             epoch: tokio::time::Instant::now(),
@@ -179,6 +205,9 @@ pub struct Client {
     /// The server's `/api/v1/query`.
     endpoint: String,
     in_flight: Arc<Semaphore>,
+    /// The share of `in_flight` a pool's own queries through this client hold at most (`None`:
+    /// not a pool's, as a shared query's refresh).
+    share: Option<Arc<Semaphore>>,
     metrics: Arc<Metrics>,
     /// Each shared query, by PromQL.
     shared: Arc<Mutex<HashMap<String, Arc<SharedQuery>>>>,
@@ -306,11 +335,13 @@ impl Client {
             }
             state.wanted = Some(Instant::now());
             if state.running.is_none() {
-                let refresh = tokio::spawn(self.clone().refresh(
-                    promql.to_string(),
-                    query.clone(),
-                    period,
-                ));
+                // The refresh serves every pool: no pool's share limits it.
+                let common = Client {
+                    share: None,
+                    ..self.clone()
+                };
+                let refresh =
+                    tokio::spawn(common.refresh(promql.to_string(), query.clone(), period));
                 state.running = Some(refresh.abort_handle());
             }
         }
@@ -366,11 +397,17 @@ impl Client {
         promql: &str,
         bounds: query::Bounds,
     ) -> std::result::Result<Vec<query::Labelled>, String> {
+        let share = match &self.share {
+            Some(share) => Some(share.acquire().await),
+            None => None,
+        };
         let permit = self.in_flight.acquire().await;
         let started = Instant::now();
-        let answer = match permit {
-            Ok(_permit) => query::instant(&self.http, &self.endpoint, promql, bounds).await,
-            Err(_) => Err("the operator is stopping".to_string()),
+        let answer = match (permit, share.transpose()) {
+            (Ok(_permit), Ok(_share)) => {
+                query::instant(&self.http, &self.endpoint, promql, bounds).await
+            }
+            _ => Err("the operator is stopping".to_string()),
         };
         self.metrics
             .observe_query(started.elapsed(), answer.as_ref().err().map(|_| "failed"));
@@ -594,6 +631,31 @@ mod tests {
             }
         });
         url
+    }
+
+    #[tokio::test]
+    async fn one_pools_slow_queries_hold_only_its_share_of_the_places_in_flight() {
+        let clients = clients(); // 4 places in flight: a pool's share is 1.
+        let (slow, _) = grouped_server(Duration::from_secs(2)).await;
+        let (fast, _) = grouped_server(Duration::ZERO).await;
+        let tenant = clients.for_pool(&connection(slow), "a/jobs").unwrap();
+        let hogging = tokio::spawn(async move {
+            futures::future::join_all((0..4).map(|_| tenant.query("sum(x)"))).await
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let calm = clients.for_pool(&connection(fast), "b/jobs").unwrap();
+        let asked = Instant::now();
+        assert!(calm.query("sum(x)").await.is_ok());
+        assert!(
+            asked.elapsed() < Duration::from_millis(1500),
+            "the calm pool waited {:?} behind another pool's slow queries",
+            asked.elapsed()
+        );
+        // The tenant's own queries wait for each other: four take four times as long.
+        let answers = hogging.await.unwrap();
+        assert!(answers.iter().all(Result::is_ok));
+        clients.forget_pools(|pool| pool == "b/jobs");
+        assert_eq!(lock(&clients.shares).len(), 1);
     }
 
     #[tokio::test]

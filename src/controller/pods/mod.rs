@@ -51,6 +51,11 @@ pub(super) struct PoolPods<'a> {
     /// none), by Pod name: the reads, the drains and the ranking ask each worker once between
     /// them.
     texts: Mutex<HashMap<String, Option<Answered>>>,
+    /// A place for one read and one drain or stand-in request that is this reconcile's own, in
+    /// flight beside the operator's shared ones: however many other pools' silent Pods hold
+    /// those, this pool's requests go out, one at a time at worst.
+    own_read: tokio::sync::Semaphore,
+    own_post: tokio::sync::Semaphore,
 }
 
 impl<'a> PoolPods<'a> {
@@ -70,6 +75,8 @@ impl<'a> PoolPods<'a> {
             deployments: pool_deployments(&pool.uid().unwrap_or_default(), existing),
             workers: OnceLock::new(),
             texts: Mutex::default(),
+            own_read: tokio::sync::Semaphore::new(1),
+            own_post: tokio::sync::Semaphore::new(1),
         }
     }
 
@@ -137,10 +144,12 @@ fn count(ctx: &Context, refused: &Refused) {
 }
 
 impl PoolPods<'_> {
-    /// One request, once the operator has one of `slots` for it, by `deadline`.
+    /// One request, once it has a place (the reconcile's `own` one, or one of the operator's
+    /// `slots`), by `deadline`.
     async fn request<T, F>(
         &self,
         slots: &tokio::sync::Semaphore,
+        own: &tokio::sync::Semaphore,
         deadline: tokio::time::Instant,
         send: impl FnOnce() -> F,
     ) -> Result<T, Refused>
@@ -150,7 +159,12 @@ impl PoolPods<'_> {
         let asked = Instant::now();
         let sent_at = OnceLock::new();
         let sent = async {
-            let _slot = slots.acquire().await.map_err(|_| Refused::OutOfTime)?;
+            let _slot = tokio::select! {
+                biased;
+                slot = own.acquire() => slot,
+                slot = slots.acquire() => slot,
+            }
+            .map_err(|_| Refused::OutOfTime)?;
             sent_at.get_or_init(Instant::now);
             send().await
         };
@@ -185,12 +199,17 @@ impl PoolPods<'_> {
         let asked: Vec<(String, Option<Answered>)> = futures::stream::iter(targets)
             .map(|(name, address)| async move {
                 let answer = self
-                    .request(&self.ctx.pod_requests, self.deadline, || async {
-                        let sent = clock.elapsed();
-                        let text = http::get(&address, "/metrics").await?;
-                        let at = sent + clock.elapsed().saturating_sub(sent) / 2;
-                        Ok(Answered { text, at })
-                    })
+                    .request(
+                        &self.ctx.pod_requests,
+                        &self.own_read,
+                        self.deadline,
+                        || async {
+                            let sent = clock.elapsed();
+                            let text = http::get(&address, "/metrics").await?;
+                            let at = sent + clock.elapsed().saturating_sub(sent) / 2;
+                            Ok(Answered { text, at })
+                        },
+                    )
                     .await;
                 match answer {
                     Ok(answered) => (name, Some(answered)),
@@ -240,7 +259,8 @@ impl PoolPods<'_> {
                             }
                             http::post(address, &path).await
                         };
-                        self.request(&self.ctx.pod_posts, deadline, send).await
+                        self.request(&self.ctx.pod_posts, &self.own_post, deadline, send)
+                            .await
                     }
                 };
                 if let Err(refused) = &answer {

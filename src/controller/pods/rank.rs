@@ -17,7 +17,7 @@ use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::measure::busy_workers;
 use crate::controller::plan::cost::{
-    Reading, Sample, Work, busy_pods, cost_changes, expected_left,
+    DRAINED_COST, IDLE_COST, Reading, Sample, Work, busy_pods, cost_changes, expected_left,
 };
 use crate::controller::plan::drain::Candidate;
 use crate::controller::plan::grace::grace_seconds;
@@ -100,7 +100,7 @@ pub(in crate::controller) fn candidates(
 
 /// Ranks the workers of `deployment` for deletion, the `drained` ones first of all: no other Pod
 /// is asked or annotated. Logs and gives up on any failure: the shrink goes ahead either way, as
-/// it would without this step.
+/// it would without this step. Returns each worker's cost as ranked (`None`: not read).
 pub(in crate::controller) async fn rank_before_shrink(
     pool: &LanePool,
     ctx: &Context,
@@ -108,18 +108,18 @@ pub(in crate::controller) async fn rank_before_shrink(
     measured: LastMeasured<'_>,
     deployment: &str,
     drained: &BTreeSet<String>,
-) {
+) -> Option<Vec<i32>> {
     let started = std::time::Instant::now();
     let live = pods.workers_of(deployment);
     if live.is_empty() {
-        return;
+        return None;
     }
     let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
         warn!(
             deployment,
             "Pods not ranked before the shrink: no worker answered"
         );
-        return;
+        return None;
     };
     let Reading {
         work,
@@ -132,6 +132,13 @@ pub(in crate::controller) async fn rank_before_shrink(
         .map(|w| (w.name.clone(), w.deletion_cost.clone()))
         .collect();
     let changes = cost_changes(&names, work, job_seconds, drained, *now);
+    let costs = names
+        .iter()
+        .map(|(name, _)| match drained.contains(name) {
+            true => DRAINED_COST,
+            false => reading.cost(name),
+        })
+        .collect();
     let busy_count = names
         .iter()
         .filter(|(name, _)| matches!(work.get(name), Some(Work::Busy { .. })))
@@ -155,4 +162,31 @@ pub(in crate::controller) async fn rank_before_shrink(
         drained = drained.len(),
         "Pods ranked before the shrink: idle workers go first"
     );
+    Some(costs)
+}
+
+/// How many of the `stopping` workers that cost least, of `costs`, are busy: what a shrink
+/// stops with a job in hand.
+pub(in crate::controller) fn busy_among_cheapest(mut costs: Vec<i32>, stopping: usize) -> u64 {
+    costs.sort_unstable();
+    costs
+        .into_iter()
+        .take(stopping)
+        .filter(|cost| *cost > IDLE_COST)
+        .count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shrink_stops_busy_workers_only_past_the_idle_and_drained_ones() {
+        let costs = vec![3001, DRAINED_COST, IDLE_COST, 21, DRAINED_COST];
+        assert_eq!(busy_among_cheapest(costs.clone(), 2), 0);
+        assert_eq!(busy_among_cheapest(costs.clone(), 3), 0);
+        assert_eq!(busy_among_cheapest(costs.clone(), 4), 1);
+        assert_eq!(busy_among_cheapest(costs.clone(), 9), 2);
+        assert_eq!(busy_among_cheapest(costs, 0), 0);
+    }
 }

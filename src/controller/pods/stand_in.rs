@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{debug, info};
 
@@ -21,13 +22,17 @@ use crate::controller::plan::stand_in::{self, StandIns};
 use crate::controller::protocol::STANDING_IN_METRIC;
 use crate::duration::human_seconds;
 
+/// The outcome of a worker that answered it stands in.
+const STANDING_IN: &str = "standing_in";
+
 /// `POST /stand-in` to each of `workers`, serving `lanes` for its seconds (`0`: its own lanes
-/// again); whether each answered that it stands in.
+/// again); what each answered: its outcome in `lanepool_operator_stand_in_answers`
+/// (`standing_in`, `refused`, `unreachable`).
 async fn ask(
     pods: &PoolPods<'_>,
     workers: Vec<(&Worker, u64)>,
     lanes: &[String],
-) -> BTreeMap<String, bool> {
+) -> BTreeMap<String, &'static str> {
     let requests = workers
         .into_iter()
         .map(|(worker, seconds)| match seconds {
@@ -42,13 +47,18 @@ async fn ask(
         .await
         .into_iter()
         .map(|(name, answer)| {
-            let standing_in = match answer {
-                Ok((200, text)) => gauge_values(&text, STANDING_IN_METRIC)
-                    .iter()
-                    .any(|v| *v > 0.0),
-                Ok(_) | Err(_) => false,
+            let outcome = match answer {
+                Ok((200, text))
+                    if gauge_values(&text, STANDING_IN_METRIC)
+                        .iter()
+                        .any(|v| *v > 0.0) =>
+                {
+                    STANDING_IN
+                }
+                Err(refused) if refused.unknown() => "unreachable",
+                Ok(_) | Err(_) => "refused",
             };
-            (name, standing_in)
+            (name, outcome)
         })
         .collect()
 }
@@ -102,12 +112,16 @@ pub(in crate::controller) async fn stand_in_during_surges(
             .filter_map(|(name, seconds)| Some((*by_name.get(name.as_str())?, seconds)))
             .collect();
         let answers = ask(pods, requests, &wanted.serves).await;
-        set.answered(
-            answers
-                .into_iter()
-                .filter(|(name, _)| !called_back.contains(name))
-                .collect(),
-        );
+        let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+        let asked: BTreeMap<String, bool> = answers
+            .into_iter()
+            .filter(|(name, _)| !called_back.contains(name))
+            .map(|(worker, outcome)| {
+                ctx.metrics.stand_in_answered(&namespace, &name, outcome);
+                (worker, outcome == STANDING_IN)
+            })
+            .collect();
+        set.answered(asked);
         if set.pods.is_empty() {
             info!(
                 deployment,
