@@ -199,6 +199,26 @@ async fn register_node(client: &Client, name: &str) -> kube::Result<()> {
     Ok(())
 }
 
+/// Whether the Pod's condition `type_` is True.
+fn condition_true(pod: &Pod, type_: &str) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// Whether every readiness gate of the Pod has its condition True (true without gates).
+fn gates_open(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .into_iter()
+        .flatten()
+        .all(|gate| condition_true(pod, &gate.condition_type))
+}
+
 impl Kubelet {
     /// One pass: bind, start, stop and remove, as the Pods are now.
     async fn sync(&mut self) {
@@ -273,7 +293,7 @@ impl Kubelet {
         let name = pod.name_any();
         if let Some(running) = self.running.get_mut(uid) {
             match running.child.try_wait() {
-                Ok(None) => return,
+                Ok(None) => return self.follow_gates(pod).await,
                 Ok(Some(status)) => {
                     eprintln!("local_kubelet: {name}: worker exited ({status}); restarting it");
                     running.restarts += 1;
@@ -332,8 +352,14 @@ impl Kubelet {
             .as_ref()
             .and_then(|s| s.containers.first())
             .map_or_else(String::new, |c| c.name.clone());
-        let condition =
-            |type_: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now});
+        let condition = |type_: &str, ready: bool| {
+            let status = if ready { "True" } else { "False" };
+            json!({"type": type_, "status": status, "lastTransitionTime": now})
+        };
+        let condition = |type_: &str| match type_ {
+            "Ready" => condition(type_, gates_open(pod)),
+            _ => condition(type_, true),
+        };
         let status = json!({"status": {
             "phase": "Running",
             "hostIP": "127.0.0.1",
@@ -349,12 +375,41 @@ impl Kubelet {
                 "state": {"running": {"startedAt": now}},
             }],
         }});
+        // Strategic: conditions merge by type, so a readiness gate's condition set by someone
+        // else stays.
         if let Err(e) = self
             .pods
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
             .await
         {
             eprintln!("local_kubelet: {name}: writing status: {e}");
+        }
+    }
+
+    /// A running Pod with readiness gates is Ready only while every gate's condition is True
+    /// (and its container is ready, as it is here), as a kubelet reports it.
+    async fn follow_gates(&self, pod: &Pod) {
+        let gated = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.readiness_gates.as_ref())
+            .is_some_and(|g| !g.is_empty());
+        let want = gates_open(pod);
+        if !gated || condition_true(pod, "Ready") == want {
+            return;
+        }
+        let status = if want { "True" } else { "False" };
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let patch = json!({"status": {"conditions": [
+            {"type": "Ready", "status": status, "lastTransitionTime": now},
+        ]}});
+        let name = pod.name_any();
+        if let Err(e) = self
+            .pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+        {
+            eprintln!("local_kubelet: {name}: writing readiness: {e}");
         }
     }
 

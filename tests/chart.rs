@@ -1034,7 +1034,51 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
             other => panic!("{what}: expected a refusal, got {other:?}"),
         }
     }
+    // In the Pod's status: the readiness gate's condition, and nothing else.
+    let status = |patch: Value| {
+        let operator_pods = operator_pods.clone();
+        async move {
+            operator_pods
+                .patch_status(
+                    "guarded",
+                    &PatchParams::default(),
+                    &Patch::Strategic(&patch),
+                )
+                .await
+        }
+    };
+    let condition = |type_: &str| {
+        json!({"status": {"conditions": [{"type": type_, "status": "True",
+            "lastTransitionTime": "2026-12-05T00:00:00Z"}]}})
+    };
+    status(condition("lanepool.dev/takeover"))
+        .await
+        .expect("the takeover condition is the operator's to set");
+    for (what, change) in [
+        ("Ready condition", condition("Ready")),
+        ("phase", json!({"status": {"phase": "Failed"}})),
+        ("podIP", json!({"status": {"podIP": "10.9.9.9"}})),
+    ] {
+        match status(change).await {
+            Err(kube::Error::Api(status)) => {
+                assert!(
+                    status.message.contains("lanepool changes no Pod status"),
+                    "{what}: {status:?}"
+                )
+            }
+            other => panic!("{what}: expected a refusal, got {other:?}"),
+        }
+    }
     let guarded = admin_pods.get("guarded").await.unwrap();
+    let conditions = guarded.status.as_ref().and_then(|s| s.conditions.clone());
+    assert_eq!(
+        conditions
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect::<Vec<_>>(),
+        ["lanepool.dev/takeover"]
+    );
     assert_eq!(
         guarded.spec.as_ref().unwrap().containers[0]
             .image

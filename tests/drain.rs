@@ -6,6 +6,7 @@
 //! Where Pods take seconds to start, the shared workers that will stop stand in for the new
 //! reserved ones meanwhile, and are the ones drained.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -278,6 +279,16 @@ impl World {
             .await
             .unwrap()
             .items
+    }
+
+    /// The names of the Pods `selector` selects that are not being deleted.
+    async fn pod_names(&self, selector: &str) -> BTreeSet<String> {
+        self.pods(selector)
+            .await
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name)
+            .collect()
     }
 
     /// Each shared worker's answer at its metrics port, `None` for one not answering.
@@ -722,4 +733,90 @@ async fn a_drain_a_frozen_leader_left_is_ended_by_the_standby_when_the_shrink_is
     assert_eq!(world.counts("jobs-shared").await.0, 4, "shared shrank");
     assert_eq!(cut_short, 0.0);
     exits(leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_change_under_load_rolls_workers_over_only_once_they_are_idle() {
+    // Every shared worker 2 s or less into a 10 s job when the pod template changes: the new
+    // workers wait behind their readiness gate, each old one is drained, and a new one counts
+    // as available (so the Deployment controller stops an old one) only once one is idle.
+    let world = World::start(
+        "rollover",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::ZERO,
+    )
+    .await;
+    world.apply_pool().await;
+    until(90, "1 reserved and 4 shared workers ready", || async {
+        world.counts("jobs-urgent-reserved").await.1 == 1
+            && world.counts("jobs-shared").await.1 == 4
+    })
+    .await;
+    let old: BTreeSet<String> = world.pod_names(SHARED).await;
+    until(
+        60,
+        "every shared worker 2 s or less into its job",
+        || async {
+            let ages = world.shared_job_ages().await;
+            ages.len() == 4 && ages.iter().all(|age| age.is_some_and(|a| a < 2.0))
+        },
+    )
+    .await;
+    let changed = Instant::now();
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .patch(
+            "jobs",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{
+                    "op": "add",
+                    "path": "/spec/template/spec/containers/0/env/-",
+                    "value": {"name": "ROLLOVER", "value": "1"},
+                }]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    let first_gone = std::sync::Mutex::new(None);
+    let rolled = until(150, "every shared worker of the new template", || async {
+        let now = world.pod_names(SHARED).await;
+        {
+            let mut first = first_gone.lock().unwrap();
+            if first.is_none() && !old.is_subset(&now) {
+                *first = Some(changed.elapsed());
+            }
+        }
+        now.is_disjoint(&old) && now.len() == 4 && world.counts("jobs-shared").await.1 == 4
+    })
+    .await;
+    let first_gone = first_gone.into_inner().unwrap();
+    // The old workers' processes are gone (finished, or killed at the end of their grace).
+    until(30, "the old shared Pods removed", || async {
+        world.pods(SHARED).await.len() == 4
+    })
+    .await;
+    let cut_short = world.cut_short();
+    let draining = world.events("Draining").await;
+    println!(
+        "rollover of 4 busy shared workers: the first stopped {:.1} s after the change, all \
+         replaced in {:.1} s; {cut_short} batch jobs cut short; busy workers stopped: {}; \
+         drains: {draining:?}",
+        first_gone.unwrap_or_default().as_secs_f64(),
+        rolled.as_secs_f64(),
+        world.busy_stopped(),
+    );
+    assert_eq!(cut_short, 0.0, "a job was cut short by the rollover");
+    assert_eq!(world.busy_stopped(), 0);
+    // The first old worker went only once its job (8 s or more from done) had ended.
+    assert!(
+        first_gone.is_some_and(|t| t >= Duration::from_secs(7)),
+        "an old worker stopped {first_gone:?} after the change, before its job could end"
+    );
+    assert!(
+        draining
+            .iter()
+            .any(|note| note.contains("new template take their place")),
+        "{draining:?}"
+    );
 }

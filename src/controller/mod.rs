@@ -105,13 +105,24 @@ pub async fn run(
             );
             // The pools' Pods (only what a reconcile reads of them) and their ReplicaSets'
             // metadata (whose each Pod is), grouped by pool: no reconcile lists or scans either.
+            // A Pod waiting only for its readiness gate reconciles its pool at once: the gate
+            // opens there (`pods/takeover.rs`), and the Pod counts as ready only then.
             let pod_cache = Arc::new(PoolIndex::default());
-            cache_watches.push(
-                watcher(pods, watcher::Config::default().labels(POOL_LABEL))
-                    .default_backoff()
-                    .for_each(fill(pod_cache.clone(), pods::CachedPod::of))
-                    .boxed(),
-            );
+            let pod_index = pod_cache.clone();
+            let pod_triggers = watcher(pods, watcher::Config::default().labels(POOL_LABEL))
+                .default_backoff()
+                .filter_map(move |event| {
+                    let woken = match &event {
+                        Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                            pods::waits_for_its_gate(pod)
+                        }
+                        _ => None,
+                    };
+                    if let Ok(event) = event {
+                        pod_index.apply(event, pods::CachedPod::of);
+                    }
+                    futures::future::ready(woken)
+                });
             let replicaset_cache = Arc::new(PoolIndex::default());
             cache_watches.push(
                 watcher(replicasets, watcher::Config::default().labels(POOL_LABEL))
@@ -143,6 +154,7 @@ pub async fn run(
             Controller::for_stream(pool_events, pool_cache)
                 .with_config(controller::Config::default().concurrency(0))
                 .owns_stream(deployment_events)
+                .reconcile_on(pod_triggers)
                 .graceful_shutdown_on(shutdown.clone())
                 .run(reconcile, error_policy, ctx.clone())
                 .for_each(|result| async move {

@@ -14,6 +14,11 @@ pub const DRAINING_METRIC: &str = "lanepool_worker_draining";
 pub const STANDING_IN_METRIC: &str = "lanepool_worker_standing_in";
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
+/// The readiness gate of the workers of a pool whose template serves a `metrics` port: the
+/// operator sets this Pod condition to True once the Pod may count as available, at once for a
+/// Pod that grows its Deployment, and during a template change only once a worker of the old
+/// template has drained and is idle (the Deployment controller then stops that one).
+pub const TAKEOVER_CONDITION: &str = "lanepool.dev/takeover";
 /// The annotation the ReplicaSet controller reads: of two Pods otherwise alike (both running
 /// and ready), the one with the lower cost is deleted first.
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";

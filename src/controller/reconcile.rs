@@ -305,6 +305,19 @@ impl Walk<'_> {
                 .is_some_and(|d| d.pods.contains_key(pod))
         })
         .await;
+        // A template change: each new worker counts as available once an old one is idle.
+        let shrinking = memory.drains.keys().cloned().collect();
+        pods::takeover::open_gates(
+            pool,
+            ctx,
+            pods,
+            measured,
+            &mut memory.rollovers,
+            &shrinking,
+            rules.drain,
+            self.now,
+        )
+        .await;
         let release = rollout.release(pool, live, &floors, rules);
         let to: BTreeMap<String, i32> = workers::pool_roles(pool, &release.replicas)
             .into_iter()

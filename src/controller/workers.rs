@@ -4,12 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
-use k8s_openapi::api::core::v1::{EnvVar, PodTemplateSpec};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStatus, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{EnvVar, PodReadinessGate, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 
+use super::protocol::{METRICS_PORT, TAKEOVER_CONDITION};
 use crate::api::{LANE_LABEL, LanePool, POOL_LABEL, ROLE_LABEL};
 use crate::sizing::Replicas;
 
@@ -42,6 +46,42 @@ impl Role {
             Role::Shared => "shared",
         }
     }
+}
+
+/// Whether the pod template serves a `metrics` port: only then are its workers read, drained
+/// and gated (see [`takeover`]).
+pub(super) fn serves_metrics(spec: Option<&PodSpec>) -> bool {
+    spec.is_some_and(|spec| {
+        spec.containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .any(|p| p.name.as_deref() == Some(METRICS_PORT))
+    })
+}
+
+/// How the Deployment of a template that serves a `metrics` port rolls a new template out: a
+/// new worker counts as available only once the operator sets its readiness gate
+/// [`TAKEOVER_CONDITION`] (after one worker of the old template drained and is idle), and no
+/// old worker goes before a new one is available, so the Deployment controller stops only
+/// workers that finished their jobs. `None` (the Deployment's defaults) for a template without
+/// the port: its workers cannot be drained.
+fn takeover(spec: &mut PodSpec) -> Option<DeploymentStrategy> {
+    if !serves_metrics(Some(spec)) {
+        return None;
+    }
+    let gates = spec.readiness_gates.get_or_insert_with(Vec::new);
+    if !gates.iter().any(|g| g.condition_type == TAKEOVER_CONDITION) {
+        gates.push(PodReadinessGate {
+            condition_type: TAKEOVER_CONDITION.into(),
+        });
+    }
+    Some(DeploymentStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(IntOrString::String("25%".into())),
+            max_unavailable: Some(IntOrString::Int(0)),
+        }),
+    })
 }
 
 /// The replicas a Deployment's spec asks for.
@@ -188,6 +228,8 @@ fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
         }
     }
 
+    let strategy = template.spec.as_mut().and_then(takeover);
+    // The strategy follows from the template alone: the template's hash covers it.
     let template_hash = hash(&serde_json::to_string(&template).unwrap_or_default());
     Deployment {
         metadata: ObjectMeta {
@@ -205,6 +247,7 @@ fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
                 match_expressions: None,
             },
             template,
+            strategy,
             ..DeploymentSpec::default()
         }),
         status: None,

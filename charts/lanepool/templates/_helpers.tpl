@@ -103,6 +103,11 @@ per-namespace Roles so that both modes grant exactly the same.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch"]
+# The readiness gate lanepool.dev/takeover of workers whose template serves a metrics port: set
+# once a new worker may count as available (during a template change, once an old one drained).
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # Only the Secrets a LanePool names in spec.prometheus.bearerTokenSecret/caSecret are read;
 # RBAC cannot narrow "get" to names not known in advance. No list, no watch.
 - apiGroups: [""]

@@ -56,6 +56,8 @@ pub(super) struct PoolMemory {
     pub(super) leaving: BTreeSet<String>,
     /// The drains of shrinking Deployments, by Deployment name.
     pub(super) drains: BTreeMap<String, Drain>,
+    /// The drains of rollovers (a template change), by Deployment name.
+    pub(super) rollovers: BTreeMap<String, Drain>,
     /// The stand-ins of shrinks waiting for the surge, by Deployment name.
     pub(super) stand_ins: BTreeMap<String, StandIns>,
     /// The workers' finished-job counts read so far.
@@ -226,7 +228,10 @@ impl PoolMemory {
             wait = wait.min((since + surge_timeout).saturating_sub(now));
         }
         let wait = wait.max(Duration::from_secs(1));
-        drain::requeue(&self.drains, now).map_or(wait, |soon| wait.min(soon))
+        [&self.drains, &self.rollovers]
+            .into_iter()
+            .filter_map(|drains| drain::requeue(drains, now))
+            .fold(wait, Duration::min)
     }
 }
 

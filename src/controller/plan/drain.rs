@@ -49,6 +49,9 @@ pub(in crate::controller) struct Drain {
     pub(in crate::controller) costs_unseen: bool,
     /// Whether the end of the wait was logged.
     pub(in crate::controller) over: bool,
+    /// The drain of a rollover (`plan/takeover.rs`): its workers make way for the new
+    /// template's, not for a smaller Deployment.
+    pub(in crate::controller) rollover: bool,
 }
 
 /// A worker asked to drain.

@@ -11,6 +11,7 @@ pub(super) mod drain;
 pub(super) mod grace;
 pub(super) mod stand_in;
 pub(super) mod surge;
+pub(super) mod takeover;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -365,7 +366,7 @@ fn take_out_others<V>(
 }
 
 /// The lanes a role's workers take jobs from, in priority order.
-fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
+pub(super) fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
     match role {
         Role::Reserved { lane } => vec![lane.clone()],
         Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),

@@ -85,26 +85,51 @@ pub(in crate::controller) async fn drain_before_shrinks(
     for shrink in shrinks {
         let drain = drains.entry(shrink.deployment.clone()).or_default();
         let stood_in = standing_in.get(&shrink.deployment);
-        advance(pool, ctx, pods, measured, drain, shrink, stood_in, now).await;
-        let mut floor = drain.floor(shrink, now);
-        // The victims are certain before a shrink: the Pod cache shows deletion cost -1 on every
-        // drained worker known idle, and on no other (a mark left by a drain called off, or by
-        // an earlier leader). Until then the shrink waits a round (500 ms) and the costs are
-        // written. The ReplicaSet controller reads the same watch, two hops later (the
-        // Deployment's change reaches its ReplicaSet first).
-        let idle = drain.idle();
-        drain.costs_unseen = floor < shrink.live
-            && pods
-                .workers_of(&shrink.deployment)
-                .iter()
-                .any(|w| idle.contains(&w.name) != shows_drained_cost(w));
-        if drain.costs_unseen {
-            rank_before_shrink(pool, ctx, pods, measured, &shrink.deployment, &idle).await;
-            floor = shrink.live;
-        }
+        let live = pods.workers_of(&shrink.deployment);
+        let floor = drain_among(
+            pool, ctx, pods, measured, drain, shrink, stood_in, &live, now,
+        )
+        .await;
         floors.insert(shrink.deployment.clone(), floor);
     }
     floors
+}
+
+/// Advances `drain` for `shrink` among the workers `live` (a Deployment's, or the old template's
+/// in a rollover) and returns the fewest of them that may run now ([`Drain::floor`]; all of
+/// them while the costs are not yet in the Pod cache).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn drain_among(
+    pool: &LanePool,
+    ctx: &Context,
+    pods: &PoolPods<'_>,
+    measured: LastMeasured<'_>,
+    drain: &mut Drain,
+    shrink: &Shrink,
+    stood_in: Option<&BTreeSet<String>>,
+    live: &[&Worker],
+    now: Duration,
+) -> i32 {
+    advance(
+        pool, ctx, pods, measured, drain, shrink, stood_in, live, now,
+    )
+    .await;
+    // The victims are certain before a shrink: the Pod cache shows deletion cost -1 on every
+    // drained worker known idle, and on no other (a mark left by a drain called off, or by
+    // an earlier leader). Until then the shrink waits a round (500 ms) and the costs are
+    // written. The ReplicaSet controller reads the same watch, two hops later (the
+    // Deployment's change reaches its ReplicaSet first).
+    let floor = drain.floor(shrink, now);
+    let idle = drain.idle();
+    drain.costs_unseen = floor < shrink.live
+        && live
+            .iter()
+            .any(|w| idle.contains(&w.name) != shows_drained_cost(w));
+    if drain.costs_unseen {
+        rank_before_shrink(pool, ctx, pods, measured, &shrink.deployment, &idle).await;
+        return shrink.live;
+    }
+    floor
 }
 
 /// Whether the Pod cache shows `worker` with the drained workers' deletion cost.
@@ -126,16 +151,15 @@ async fn advance(
     drain: &mut Drain,
     shrink: &Shrink,
     stood_in: Option<&BTreeSet<String>>,
+    live: &[&Worker],
     now: Duration,
 ) {
     let deployment = shrink.deployment.as_str();
-    // Only the Deployment's own workers: a Pod that merely carries its labels takes no slot.
-    let live = pods.workers_of(deployment);
     drain.keep_live(live.iter().map(|w| w.name.as_str()));
     let starting = drain.starting(shrink);
     let mut called_back = Vec::new();
     if starting {
-        let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+        let Some(reading) = read_work(pool, ctx, pods, measured, deployment, live).await else {
             // Unknown means hold: without a reading no worker is known idle, so none is
             // chosen and the shrink waits (its floor is its live count) until one answers.
             warn!(
@@ -152,7 +176,7 @@ async fn advance(
             .iter()
             .map(|lane| reading.job_seconds.get(lane).copied().unwrap_or(f64::NAN))
             .collect();
-        let candidates = candidates(&reading, &live, |name| {
+        let candidates = candidates(&reading, live, |name| {
             drain.pods.contains_key(name) || stood_in.is_some_and(|s| s.contains(name))
         });
         called_back = drain.start(
@@ -182,13 +206,16 @@ async fn advance(
     drain.answered(answers);
     if starting && !drain.pods.is_empty() {
         let names: Vec<&str> = drain.pods.keys().map(String::as_str).collect();
+        let before = match drain.rollover {
+            true => format!("workers of Deployment {deployment}'s new template take their place"),
+            false => format!(
+                "Deployment {deployment} shrinks {} → {}",
+                shrink.live, shrink.to
+            ),
+        };
         let note = format!(
-            "{} {} finish their jobs and take no new ones before Deployment {deployment} shrinks \
-             {} → {} (at most {}): {}",
-            drain.pods.len(),
-            workers_of(shrink),
-            shrink.live,
-            shrink.to,
+            "{} before {before} (at most {}): {}",
+            workers_finish(shrink, drain.pods.len()),
             human_seconds(drain.timeout.as_secs_f64()),
             names.join(", ")
         );
@@ -212,12 +239,20 @@ async fn advance(
     }
 }
 
-/// "shared workers" or "reserved workers of lane L", for the event.
-fn workers_of(shrink: &Shrink) -> String {
-    match shrink.lanes.as_slice() {
+/// "2 shared workers finish their jobs and take no new ones", or "1 reserved worker of lane L
+/// finishes its job and takes no new one", for the event.
+fn workers_finish(shrink: &Shrink, n: usize) -> String {
+    let workers = if n == 1 { "worker" } else { "workers" };
+    let who = match shrink.lanes.as_slice() {
         [lane] if shrink.deployment.ends_with("-reserved") => {
-            format!("reserved workers of lane {lane}")
+            format!("reserved {workers} of lane {lane}")
         }
-        _ => "shared workers".into(),
-    }
+        _ => format!("shared {workers}"),
+    };
+    let finish = if n == 1 {
+        "finishes its job and takes no new one"
+    } else {
+        "finish their jobs and take no new ones"
+    };
+    format!("{n} {who} {finish}")
 }

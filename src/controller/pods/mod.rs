@@ -15,6 +15,7 @@ mod owners;
 pub(super) mod rank;
 pub(super) mod reads;
 pub(super) mod stand_in;
+pub(super) mod takeover;
 mod text;
 mod worker;
 
@@ -35,7 +36,7 @@ use super::protocol::DELETION_COST;
 use crate::api::LanePool;
 pub(crate) use http::Refused;
 use owners::{Owners, PoolDeployments, pool_deployments};
-pub(super) use worker::{CachedPod, Worker};
+pub(super) use worker::{CachedPod, Worker, waits_for_its_gate};
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
 /// read, asked to drain or annotated, and all of it within one deadline.
@@ -96,7 +97,11 @@ impl<'a> PoolPods<'a> {
                 .pool_pods(&self.namespace, &self.pool)
                 .iter()
                 .filter(|p| !p.terminating && !p.finished)
-                .filter_map(|p| Some(Worker::new(p, owners.deployment_of(p)?.to_string())))
+                .filter_map(|p| {
+                    let mut worker = Worker::new(p, owners.deployment_of(p)?.to_string());
+                    worker.newest = owners.newest(p);
+                    Some(worker)
+                })
                 .collect()
         })
     }

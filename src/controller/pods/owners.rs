@@ -45,9 +45,15 @@ pub(in crate::controller) fn pool_deployments<'a>(
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(in crate::controller) struct Owners {
     /// Each ReplicaSet controlled by one of the pool's Deployments: its uid → that
-    /// Deployment's name.
-    replicasets: BTreeMap<String, String>,
+    /// Deployment's name and the ReplicaSet's revision.
+    replicasets: BTreeMap<String, (String, u64)>,
+    /// Each Deployment's newest revision among its ReplicaSets.
+    newest: BTreeMap<String, u64>,
 }
+
+/// The annotation the Deployment controller numbers a Deployment's ReplicaSets with: the one of
+/// the current template has the highest.
+const REVISION: &str = "deployment.kubernetes.io/revision";
 
 impl Owners {
     /// From the pool's own Deployments by uid (already checked to be the pool's: their
@@ -56,21 +62,46 @@ impl Owners {
         deployments: &PoolDeployments,
         replicasets: impl IntoIterator<Item = &'a ObjectMeta>,
     ) -> Self {
-        let replicasets = replicasets
+        let replicasets: BTreeMap<String, (String, u64)> = replicasets
             .into_iter()
             .filter_map(|rs| {
                 let deployment = deployments.get(controller_uid(rs, "Deployment")?)?;
-                Some((rs.uid.clone()?, deployment.clone()))
+                let revision = rs
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(REVISION)?.parse().ok())
+                    .unwrap_or(0);
+                Some((rs.uid.clone()?, (deployment.clone(), revision)))
             })
             .collect();
-        Self { replicasets }
+        let mut newest: BTreeMap<String, u64> = BTreeMap::new();
+        for (deployment, revision) in replicasets.values() {
+            let top = newest.entry(deployment.clone()).or_default();
+            *top = (*top).max(*revision);
+        }
+        Self {
+            replicasets,
+            newest,
+        }
+    }
+
+    /// Whether `pod`'s ReplicaSet is the newest of its Deployment's (the current template's).
+    pub(in crate::controller) fn newest(&self, pod: &CachedPod) -> bool {
+        let Some((deployment, revision)) = pod
+            .replicaset
+            .as_deref()
+            .and_then(|rs| self.replicasets.get(rs))
+        else {
+            return true;
+        };
+        self.newest.get(deployment) == Some(revision)
     }
 
     /// The name of the pool's Deployment whose worker `pod` is; `None`: not a worker of the
     /// pool, whatever its labels say.
     pub(in crate::controller) fn deployment_of(&self, pod: &CachedPod) -> Option<&str> {
         let replicaset = pod.replicaset.as_deref()?;
-        self.replicasets.get(replicaset).map(String::as_str)
+        self.replicasets.get(replicaset).map(|(d, _)| d.as_str())
     }
 }
 

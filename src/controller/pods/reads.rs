@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::jiff::Timestamp;
 use tracing::warn;
 
@@ -17,7 +16,7 @@ use super::text::finished_counts;
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::memory::reads::{Answers, WorkerReads};
-use crate::controller::protocol::METRICS_PORT;
+use crate::controller::workers::serves_metrics;
 use crate::sizing::{Loads, WorkerCount};
 
 /// The long window the reads' rate is counted over: the operator's `--rate-window`.
@@ -40,16 +39,6 @@ fn read_lanes(pool: &LanePool) -> Vec<String> {
         })
         .map(|lane| lane.name.clone())
         .collect()
-}
-
-/// Whether the pod template serves a `metrics` port: without one nothing is listed or asked.
-fn serves_metrics(spec: Option<&PodSpec>) -> bool {
-    spec.is_some_and(|spec| {
-        spec.containers
-            .iter()
-            .flat_map(|c| c.ports.iter().flatten())
-            .any(|p| p.name.as_deref() == Some(METRICS_PORT))
-    })
 }
 
 /// Asks the pool's workers for their counts of the lanes on the default convention (nothing
@@ -149,6 +138,7 @@ pub(in crate::controller) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
 
     #[test]
     fn a_read_is_timed_by_when_its_workers_counted() {

@@ -9,8 +9,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use kube::runtime::reflector::ObjectRef;
+
 use super::owners::controller_uid;
-use crate::controller::protocol::{DELETION_COST, METRICS_PORT};
+use crate::api::{LanePool, POOL_LABEL};
+use crate::controller::protocol::{DELETION_COST, METRICS_PORT, TAKEOVER_CONDITION};
 
 /// What the Pod watch cache keeps of a Pod labelled with a pool: what [`Worker`] and the
 /// ownership check read, and nothing else (no labels, managed fields, environment, volumes or
@@ -33,6 +36,11 @@ pub(in crate::controller) struct CachedPod {
     pub(in crate::controller) started: Option<Timestamp>,
     /// Its deletion-cost annotation as it is.
     pub(in crate::controller) deletion_cost: Option<String>,
+    /// It waits for the operator to set its readiness gate [`TAKEOVER_CONDITION`]: its spec has
+    /// the gate, and the condition is not True yet.
+    pub(in crate::controller) awaiting_takeover: bool,
+    /// Its containers are ready (`ContainersReady`): all a gated Pod lacks is its gate.
+    pub(in crate::controller) containers_ready: bool,
 }
 
 impl CachedPod {
@@ -44,6 +52,8 @@ impl CachedPod {
             ready: ready(&pod),
             address: metrics_address(&pod),
             started: started(&pod),
+            awaiting_takeover: awaiting_takeover(&pod),
+            containers_ready: condition(&pod, "ContainersReady"),
             deletion_cost: pod
                 .metadata
                 .annotations
@@ -61,6 +71,9 @@ pub(in crate::controller) struct Worker {
     pod: Arc<CachedPod>,
     /// The pool's Deployment whose ReplicaSet controls it.
     pub(in crate::controller) deployment: String,
+    /// Its ReplicaSet is its Deployment's newest (the current template's): false for a worker
+    /// of an older template, which a template change replaces.
+    pub(in crate::controller) newest: bool,
 }
 
 impl Worker {
@@ -68,6 +81,7 @@ impl Worker {
         Self {
             pod: pod.clone(),
             deployment,
+            newest: true,
         }
     }
 }
@@ -84,17 +98,43 @@ fn phase(pod: &Pod) -> Option<&str> {
     pod.status.as_ref()?.phase.as_deref()
 }
 
-/// Whether the ReplicaSet controller counts the Pod as ready: bound, Running and Ready.
-fn ready(pod: &Pod) -> bool {
-    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-    let status = pod.status.as_ref();
-    let running = phase(pod) == Some("Running");
-    let ready = status
+/// Whether the Pod's condition `type_` is True.
+fn condition(pod: &Pod, type_: &str) -> bool {
+    pod.status
+        .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    bound && running && ready
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// Whether the ReplicaSet controller counts the Pod as ready: bound, Running and Ready.
+fn ready(pod: &Pod) -> bool {
+    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let running = phase(pod) == Some("Running");
+    bound && running && condition(pod, "Ready")
+}
+
+/// The pool whose Pod `pod` is, when all the Pod waits for is its readiness gate
+/// [`TAKEOVER_CONDITION`] (its containers are ready): that pool's reconcile opens it.
+pub(in crate::controller) fn waits_for_its_gate(pod: &Pod) -> Option<ObjectRef<LanePool>> {
+    if !awaiting_takeover(pod) || !condition(pod, "ContainersReady") {
+        return None;
+    }
+    let pool = pod.metadata.labels.as_ref()?.get(POOL_LABEL)?;
+    Some(ObjectRef::new(pool).within(pod.metadata.namespace.as_deref()?))
+}
+
+/// Whether the Pod has the readiness gate [`TAKEOVER_CONDITION`] and it is not True yet.
+fn awaiting_takeover(pod: &Pod) -> bool {
+    let gated = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|g| g.condition_type == TAKEOVER_CONDITION);
+    gated && !condition(pod, TAKEOVER_CONDITION)
 }
 
 /// Where a Pod serves its gauges: `ip:port` of its container port named [`METRICS_PORT`], only
@@ -214,6 +254,8 @@ mod tests {
                 address: Some("10.0.0.7:9100".into()),
                 started: Some("2026-12-02T03:00:00Z".parse().unwrap()),
                 deletion_cost: Some("1000".into()),
+                awaiting_takeover: false,
+                containers_ready: false,
             }
         );
         assert!(CachedPod::of(pod(true)).terminating);
