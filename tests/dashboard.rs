@@ -82,6 +82,8 @@ fn exported() -> String {
     metrics.observe_query(Duration::from_millis(3), Some("failed"));
     metrics.wrote("success");
     metrics.drain_answered("ns", "jobs", "busy");
+    metrics.stand_in_answered("ns", "jobs", "standing_in");
+    metrics.stopped_busy("ns", "jobs", 1);
     metrics.render()
 }
 
