@@ -5,6 +5,10 @@
 # <version> is the crate's (Cargo.toml). The binaries are built static (the gnu target with
 # crt-static) and copied into FROM-scratch images: nothing is pulled, so this works offline.
 #
+# LANEPOOL_IMAGE_PUSH=HOST[:PORT] also pushes both to that registry as
+# HOST/lanepool/<name>:<version> (plain HTTP only to 127.0.0.1 or localhost, as the tests start
+# one) and prints each digest; target/images/<name>.digest keeps it.
+#
 # Builder: buildah (as tests/setup.sh installs it), else podman, else a docker with a running
 # daemon; LANEPOOL_IMAGE_BUILDER=buildah|podman|docker picks one. LANEPOOL_IMAGE_TARGET picks the
 # Rust target (default: this machine's <arch>-unknown-linux-gnu; another needs its linker).
@@ -67,6 +71,28 @@ cp "$bin_dir/examples/lane_worker" "$context/lane-worker/lane-worker"
 # Storage of its own under target/: nothing is left in the machine's image store.
 buildah_cmd=(buildah --root "$out/storage" --runroot "$out/run" --storage-driver vfs)
 
+# Pushes the built image `image` (in the builder's storage) as `name` to $LANEPOOL_IMAGE_PUSH; its
+# digest to target/images/<name>.digest.
+push_image() { # name image
+  local name=$1 image=$2
+  local to=$LANEPOOL_IMAGE_PUSH/lanepool/$name:$version
+  local digest_file=$out/$name.digest
+  # Plain HTTP only to a registry on this machine.
+  local tls=--tls-verify=true
+  case $LANEPOOL_IMAGE_PUSH in
+    127.0.0.1:* | localhost:* | "[::1]":*) tls=--tls-verify=false ;;
+  esac
+  case $builder in
+    buildah) "${buildah_cmd[@]}" push --quiet "$tls" --digestfile "$digest_file" "$image" "docker://$to" ;;
+    podman) podman push --quiet "$tls" --digestfile "$digest_file" "$image" "docker://$to" ;;
+    *)
+      echo "images: pushing needs buildah or podman (LANEPOOL_IMAGE_BUILDER)" >&2
+      exit 1
+      ;;
+  esac
+  echo "images: pushed $to@$(cat "$digest_file")"
+}
+
 build_image() { # name
   local name=$1
   local image=$registry/$name:$version
@@ -77,18 +103,21 @@ build_image() { # name
       "${buildah_cmd[@]}" bud --quiet --isolation chroot --build-arg "VERSION=$version" \
         -f "images/$name.Dockerfile" -t "$image" "$context/$name" >/dev/null
       "${buildah_cmd[@]}" push --quiet "$image" "oci-archive:$archive:$image"
+      if [ -n "${LANEPOOL_IMAGE_PUSH:-}" ]; then push_image "$name" "$image"; fi
       "${buildah_cmd[@]}" rmi --force "$image" >/dev/null
       ;;
     podman)
       podman build --quiet --build-arg "VERSION=$version" \
         -f "images/$name.Dockerfile" -t "$image" "$context/$name" >/dev/null
       podman save --quiet --format oci-archive -o "$archive" "$image"
+      if [ -n "${LANEPOOL_IMAGE_PUSH:-}" ]; then push_image "$name" "$image"; fi
       ;;
     docker)
       # Docker 25 and later save an OCI image layout (with Docker's manifest.json beside it).
       docker build --quiet --build-arg "VERSION=$version" \
         -f "images/$name.Dockerfile" -t "$image" "$context/$name" >/dev/null
       docker save -o "$archive" "$image"
+      if [ -n "${LANEPOOL_IMAGE_PUSH:-}" ]; then push_image "$name" "$image"; fi
       ;;
     *)
       echo "images: unknown builder $builder (buildah, podman or docker)" >&2

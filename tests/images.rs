@@ -28,8 +28,15 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The chart's runAsUser and the images' USER.
 const USER: &str = "65532";
 
-/// Runs images/build.sh once per test binary (cargo makes it a no-op when nothing changed) and
-/// returns target/images/.
+/// The registry this test binary pushes the images and the chart to: started once, with the
+/// first build of the images, and kept for the binary's life.
+fn registry() -> &'static testenv::TestRegistry {
+    static REGISTRY: OnceLock<testenv::TestRegistry> = OnceLock::new();
+    REGISTRY.get_or_init(|| testenv::TestRegistry::start().expect("the registry starts"))
+}
+
+/// Runs images/build.sh once per test binary (cargo makes it a no-op when nothing changed),
+/// pushing both images to [`registry`], and returns target/images/.
 fn images() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -40,6 +47,7 @@ fn images() -> &'static Path {
         );
         let mut build = Command::new(format!("{ROOT}/images/build.sh"));
         build.env("LANEPOOL_IMAGE_BUILDER", "buildah");
+        build.env("LANEPOOL_IMAGE_PUSH", registry().host());
         without_cargos_test_variables(&mut build);
         let started = Instant::now();
         let status = build.status().expect("running images/build.sh");
@@ -620,4 +628,122 @@ fn the_worker_from_its_image_takes_jobs_from_the_example_queue() {
         output.contains("worker-from-image: batch job"),
         "the worker from the image reported its jobs:\n{output}"
     );
+}
+
+/// `helm` (the pinned one) with a home of this test's own; (success, stdout, stderr).
+fn helm(args: &[&str]) -> (bool, String, String) {
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("images-helm-home");
+    let output = Command::new(testenv::tool("helm").expect("helm is built by tests/setup.sh"))
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .expect("helm runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_and_images_install_from_the_registry_by_digest() {
+    let dir = images();
+    let registry = registry();
+    // Both images are in the registry under the crate's version, at the digests the build wrote.
+    for name in ["lanepool", "lane-worker"] {
+        let written = std::fs::read_to_string(dir.join(format!("{name}.digest")))
+            .unwrap_or_else(|e| panic!("target/images/{name}.digest: {e}"));
+        let served = registry.digest(&format!("lanepool/{name}"), VERSION);
+        assert_eq!(served.as_deref(), Some(written.trim()), "{name}:{VERSION}");
+    }
+    let push = Command::new(format!("{ROOT}/charts/push.sh"))
+        .arg(registry.host())
+        .env("LANEPOOL_TOOLS_DIR", testenv::tools_dir())
+        .output()
+        .expect("running charts/push.sh");
+    assert!(
+        push.status.success(),
+        "charts/push.sh: {}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let chart = format!("oci://{}/charts/lanepool", registry.host());
+    // `helm show readme` says what the chart's README says: how to install it from a registry.
+    let (ok, readme, stderr) = helm(&[
+        "show",
+        "readme",
+        &chart,
+        "--version",
+        VERSION,
+        "--plain-http",
+    ]);
+    assert!(ok, "helm show readme: {stderr}");
+    assert!(
+        readme.starts_with("# lanepool") && readme.contains("helm install lanepool oci://"),
+        "{readme}"
+    );
+    let (ok, values, stderr) = helm(&[
+        "show",
+        "chart",
+        &chart,
+        "--version",
+        VERSION,
+        "--plain-http",
+    ]);
+    assert!(ok, "helm show chart: {stderr}");
+    assert!(
+        values.contains(&format!("appVersion: {VERSION}")),
+        "{values}"
+    );
+
+    // Installed from the registry into the real API server, pinned to the pushed digest.
+    let plane = testenv::shared().expect("the control plane starts");
+    let client = plane.client().await.unwrap();
+    let namespace = plane.namespace(&client, "oci-install").await.unwrap();
+    let digest = std::fs::read_to_string(dir.join("lanepool.digest")).unwrap();
+    let repository = format!("{}/lanepool/lanepool", registry.host());
+    let kubeconfig = plane.kubeconfig().display().to_string();
+    let (ok, stdout, stderr) = helm(&[
+        "install",
+        "lanepool",
+        &chart,
+        "--version",
+        VERSION,
+        "--plain-http",
+        "--namespace",
+        &namespace,
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        &format!("image.repository={repository}"),
+        "--set",
+        &format!("image.digest={}", digest.trim()),
+        "--set",
+        "prometheusUrl=http://127.0.0.1:9",
+        "--set",
+        "rbac.podAdmissionPolicy=false",
+        "--set",
+        // The shared control plane has the CRD already (as a cluster whose CRD is managed apart).
+        "crds.enabled=false",
+    ]);
+    assert!(ok, "helm install from {chart}: {stderr}\n{stdout}");
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &namespace)
+        .get("lanepool")
+        .await
+        .expect("the operator's Deployment");
+    let image = deployment.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert_eq!(image, format!("{repository}@{}", digest.trim()));
+    let (ok, _, stderr) = helm(&[
+        "uninstall",
+        "lanepool",
+        "--namespace",
+        &namespace,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "helm uninstall: {stderr}");
 }

@@ -15,6 +15,7 @@ mod process;
 mod prometheus;
 mod readiness;
 mod redis;
+mod registry;
 mod worker_metrics;
 
 use std::net::TcpListener;
@@ -36,6 +37,7 @@ pub use process::{Lifetime, process_alive, terminate_pid};
 pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};
 pub use readiness::DeploymentReadiness;
 pub use redis::{Reply, TestRedis};
+pub use registry::TestRegistry;
 pub use worker_metrics::{SimulatedWorkers, serve_metrics};
 
 /// Why the control plane could not start.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned control-plane tools (kube-apiserver, kube-controller-manager, kubectl, etcd,
-# helm) and KEDA (its operator and metrics API server, from keda/go.mod) into target/tools/ and
-# skips any already built at the pinned version. The first build takes several minutes.
+# helm), KEDA (its operator and metrics API server, from keda/go.mod) and an OCI registry
+# (distribution, from registry/go.mod) into target/tools/ and skips any already built at the
+# pinned version. The first build takes several minutes.
 # `build.sh kwok` builds kwok alone (from kwok/go.mod), for the scale benchmark.
 set -euo pipefail
 
@@ -30,6 +31,7 @@ done
 
 keda_version=$(awk '$1 == "require" && $2 == "github.com/kedacore/keda/v2" { print $3 }' "$here/keda/go.mod")
 keda_ldflags="-s -w -X github.com/kedacore/keda/v2/version.Version=$keda_version"
+registry_version=$(awk '$1 == "require" && $2 == "github.com/distribution/distribution/v3" { print $3 }' "$here/registry/go.mod")
 
 build() { # name version package ldflags [module dir]
   local name=$1 version=$2 pkg=$3 ldflags=$4 dir=${5:-$here}
@@ -67,6 +69,9 @@ build helm "$helm_version+k8s-1.$minor" helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 # KEDA has its own module: its Kubernetes libraries are newer than the pinned API server's.
 build keda-operator "$keda_version" github.com/kedacore/keda/v2/cmd/operator "$keda_ldflags" "$here/keda"
 build keda-adapter "$keda_version" github.com/kedacore/keda/v2/cmd/adapter "$keda_ldflags" "$here/keda"
+# The registry the images and the chart are pushed to and installed from.
+build registry "$registry_version" github.com/distribution/distribution/v3/cmd/registry \
+  "-s -w -X github.com/distribution/distribution/v3/version.version=$registry_version" "$here/registry"
 # KEDA's CRDs, from the same module: the tests install them before starting the operator.
 crds="$out/keda-crds"
 if [ "$(cat "$crds/.version" 2>/dev/null)" != "$keda_version" ]; then
