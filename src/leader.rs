@@ -55,6 +55,16 @@ impl Fence {
     }
 }
 
+/// Who holds the lease, as the Lease says.
+enum Holder {
+    /// This replica, renewed then.
+    Us(Timestamp),
+    /// Another replica (or none).
+    Other(Option<String>),
+    /// Not known: the Lease could not be read, or names this replica without a renewal time.
+    Unread,
+}
+
 /// A running campaign for the lease.
 pub struct Leadership {
     leader: watch::Receiver<bool>,
@@ -97,13 +107,33 @@ pub async fn campaign(
 }
 
 impl Leadership {
-    /// Waits until this replica holds the lease; false if the campaign ended first.
+    /// Waits until this replica holds the lease; false if the campaign ended first. Two
+    /// replicas started together can both be told they lead for a moment (the lease manager's
+    /// state before its write conflicted): one leads only once the Lease itself names it.
     pub async fn acquired(&mut self) -> bool {
         loop {
             if *self.leader.borrow_and_update() {
-                info!("became the leader");
-                self.open_fence_from_lease().await;
-                return true;
+                match self.renewed_as_holder().await {
+                    Holder::Us(renewed) => {
+                        self.fence
+                            .extend_to(renewed + renew_deadline_of(self.lease_duration));
+                        info!("became the leader");
+                        return true;
+                    }
+                    Holder::Unread => {
+                        // The fence stays closed until the watchdog sees a renewal.
+                        info!("became the leader");
+                        return true;
+                    }
+                    Holder::Other(holder) => {
+                        warn!(
+                            ?holder,
+                            "told it leads, but the Lease names another: waiting"
+                        );
+                        tokio::time::sleep(self.lease_duration / 4).await;
+                        continue;
+                    }
+                }
             }
             if self.leader.changed().await.is_err() {
                 return false;
@@ -111,30 +141,25 @@ impl Leadership {
         }
     }
 
-    /// Opens the fence from the lease's own `renewTime` as the API server keeps it (the moment
-    /// another replica counts the lease from), not from when this replica noticed it holds it:
-    /// a notice that came late must not stretch the fence past the renew deadline. Left closed
-    /// when the lease cannot be read or names another holder; the watchdog of [`Self::lost`]
-    /// opens it at the first renewal it sees.
-    async fn open_fence_from_lease(&self) {
+    /// Who the Lease names as holder, and when it was last renewed if this replica: the fence
+    /// is opened from the Lease's own `renewTime` (the moment another replica counts the lease
+    /// from), not from when this replica noticed it leads, which may be later.
+    async fn renewed_as_holder(&self) -> Holder {
         let read = tokio::time::timeout(
             renew_deadline_of(self.lease_duration)
                 .try_into()
                 .unwrap_or_default(),
             self.leases.get(LEASE_NAME),
         );
-        match read.await {
-            Ok(Ok(lease)) => {
-                let spec = lease.spec.unwrap_or_default();
-                match (spec.holder_identity, spec.renew_time) {
-                    (Some(holder), Some(renewed)) if holder == self.identity => self
-                        .fence
-                        .extend_to(renewed.0 + renew_deadline_of(self.lease_duration)),
-                    (holder, _) => warn!(?holder, "the leader lease names another holder"),
-                }
-            }
-            Ok(Err(error)) => warn!(%error, "reading the leader lease"),
-            Err(_) => warn!("reading the leader lease timed out"),
+        let Ok(Ok(lease)) = read.await else {
+            warn!("the leader lease could not be read");
+            return Holder::Unread;
+        };
+        let spec = lease.spec.unwrap_or_default();
+        match (spec.holder_identity, spec.renew_time) {
+            (Some(holder), Some(renewed)) if holder == self.identity => Holder::Us(renewed.0),
+            (Some(holder), None) if holder == self.identity => Holder::Unread,
+            (holder, _) => Holder::Other(holder),
         }
     }
 

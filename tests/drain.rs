@@ -410,9 +410,9 @@ struct Shrunk {
     standing_in_before_ready: usize,
 }
 
-/// Grows the reserve from 1 to 3 in a budget of 5 just after every shared worker took a fresh
-/// 10 s job, so the shared Deployment shrinks from 4 to 2 with every worker 8 s or more from done.
-async fn saturated_shrink(world: &World) -> Shrunk {
+/// Applies the pool and waits until its 1 reserved and 4 shared workers are ready and every
+/// shared worker is 2 s or less into a 10 s batch job.
+async fn busy_pool(world: &World) {
     world.apply_pool().await;
     until(90, "1 reserved and 4 shared workers ready", || async {
         world.counts("jobs-urgent-reserved").await.1 == 1
@@ -428,6 +428,12 @@ async fn saturated_shrink(world: &World) -> Shrunk {
         },
     )
     .await;
+}
+
+/// Grows the reserve from 1 to 3 in a budget of 5 just after every shared worker took a fresh
+/// 10 s job, so the shared Deployment shrinks from 4 to 2 with every worker 8 s or more from done.
+async fn saturated_shrink(world: &World) -> Shrunk {
+    busy_pool(world).await;
     let raised = Instant::now();
     world.raise_reserve(3).await;
     let (mut growth, mut shrink) = (None, None);
@@ -600,21 +606,7 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
 /// 2 of the 4 busy shared workers (8 s or more from done) has begun. Returns the frozen leader
 /// and when it froze, since the raise.
 async fn leader_frozen_mid_drain(world: &World) -> (&Elected, Instant) {
-    world.apply_pool().await;
-    until(90, "1 reserved and 4 shared workers ready", || async {
-        world.counts("jobs-urgent-reserved").await.1 == 1
-            && world.counts("jobs-shared").await.1 == 4
-    })
-    .await;
-    until(
-        60,
-        "every shared worker 2 s or less into its job",
-        || async {
-            let ages = world.shared_job_ages().await;
-            ages.len() == 4 && ages.iter().all(|age| age.is_some_and(|a| a < 2.0))
-        },
-    )
-    .await;
+    busy_pool(world).await;
     let raised = Instant::now();
     world.raise_reserve(3).await;
     until(20, "the leader's drain", || async {
@@ -746,22 +738,8 @@ async fn a_template_change_under_load_rolls_workers_over_only_once_they_are_idle
         Duration::ZERO,
     )
     .await;
-    world.apply_pool().await;
-    until(90, "1 reserved and 4 shared workers ready", || async {
-        world.counts("jobs-urgent-reserved").await.1 == 1
-            && world.counts("jobs-shared").await.1 == 4
-    })
-    .await;
+    busy_pool(&world).await;
     let old: BTreeSet<String> = world.pod_names(SHARED).await;
-    until(
-        60,
-        "every shared worker 2 s or less into its job",
-        || async {
-            let ages = world.shared_job_ages().await;
-            ages.len() == 4 && ages.iter().all(|age| age.is_some_and(|a| a < 2.0))
-        },
-    )
-    .await;
     let changed = Instant::now();
     Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
         .patch(
