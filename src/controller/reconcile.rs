@@ -319,30 +319,18 @@ impl Walk<'_> {
         )
         .await;
         let release = rollout.release(pool, live, &floors, rules);
-        let to: BTreeMap<String, i32> = workers::pool_roles(pool, &release.replicas)
-            .into_iter()
-            .map(|(name, _, count)| (name, count))
-            .collect();
+        let to = workers::counts_by_name(pool, Some(&release.replicas));
         for deployment in &release.shrinking {
             let drained = memory
                 .drains
                 .get(deployment)
                 .map(|d| d.idle())
                 .unwrap_or_default();
-            let costs =
-                pods::rank::rank_before_shrink(pool, ctx, pods, measured, deployment, &drained)
-                    .await;
             let from = live.get(deployment).and_then(workers::spec_replicas);
             let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
-            let busy = pods::rank::busy_among_cheapest(
-                costs.unwrap_or_default(),
-                usize::try_from(stopping).unwrap_or(0),
-            );
-            ctx.metrics.stopped_busy(
-                &pool.namespace().unwrap_or_default(),
-                &pool.name_any(),
-                busy,
-            );
+            let stopping = usize::try_from(stopping).unwrap_or(0);
+            let shrink = (deployment.as_str(), stopping);
+            pods::rank::rank_before_shrink(pool, ctx, pods, measured, shrink, &drained).await;
         }
         release
     }

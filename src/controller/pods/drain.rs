@@ -126,7 +126,9 @@ pub(super) async fn drain_among(
             .iter()
             .any(|w| idle.contains(&w.name) != shows_drained_cost(w));
     if drain.costs_unseen {
-        rank_before_shrink(pool, ctx, pods, measured, &shrink.deployment, &idle).await;
+        // Nothing stops yet: the shrink waits for the costs.
+        let waiting = (shrink.deployment.as_str(), 0);
+        rank_before_shrink(pool, ctx, pods, measured, waiting, &idle).await;
         return shrink.live;
     }
     floor

@@ -124,6 +124,13 @@ pub(super) struct Answered {
     pub(super) at: Duration,
 }
 
+/// The part of a Pod a patch writes.
+#[derive(Clone, Copy)]
+enum PodPart {
+    Metadata,
+    Status,
+}
+
 /// Most Pod patches in flight at once for one Deployment.
 const PATCHES_IN_FLIGHT: usize = 8;
 /// Most requests to one pool's Pods in flight at once (a pool has one reconcile at a time, and
@@ -283,25 +290,55 @@ impl PoolPods<'_> {
     /// its ReplicaSet's, not ours to apply; the chart's admission policy allows no more);
     /// returns how many were tried. A failure is logged: a shrink goes ahead without it.
     pub(super) async fn set_deletion_costs(&self, changes: Vec<(String, i32)>) -> usize {
+        let patches = changes
+            .into_iter()
+            .map(|(name, cost)| {
+                let patch = serde_json::json!({
+                    "metadata": {"annotations": {DELETION_COST: cost.to_string()}},
+                });
+                (name, patch)
+            })
+            .collect();
+        self.patch_each(
+            patches,
+            PodPart::Metadata,
+            "annotating",
+            "deletion cost not set",
+        )
+        .await
+    }
+
+    /// Patches each named Pod's `part` (metadata: a merge patch; status: a strategic one, so a
+    /// condition merges by its type), at most [`PATCHES_IN_FLIGHT`] at once, each through the
+    /// fence and the write timeout; returns how many were tried. A failure is logged as
+    /// `failed`: the next reconcile tries again.
+    async fn patch_each(
+        &self,
+        patches: Vec<(String, serde_json::Value)>,
+        part: PodPart,
+        doing: &str,
+        failed: &str,
+    ) -> usize {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
         let params = PatchParams::default();
-        futures::stream::iter(changes)
-            .map(|(name, cost)| {
-                let (pods, params) = (&pods, &params);
-                async move {
-                    let patch = serde_json::json!({
-                        "metadata": {"annotations": {DELETION_COST: cost.to_string()}},
-                    });
-                    let result = self
-                        .ctx
-                        .write(
-                            format!("annotating Pod {name}"),
-                            pods.patch_metadata(&name, params, &Patch::Merge(&patch)),
-                        )
-                        .await;
-                    if let Err(error) = result {
-                        warn!(pod = %name, %error, "deletion cost not set");
+        let (pods, params) = (&pods, &params);
+        futures::stream::iter(patches)
+            .map(|(name, patch)| async move {
+                let send = async {
+                    match part {
+                        PodPart::Metadata => pods
+                            .patch_metadata(&name, params, &Patch::Merge(&patch))
+                            .await
+                            .map(drop),
+                        PodPart::Status => pods
+                            .patch_status(&name, params, &Patch::Strategic(&patch))
+                            .await
+                            .map(drop),
                     }
+                };
+                let result = self.ctx.write(format!("{doing} Pod {name}"), send).await;
+                if let Err(error) = result {
+                    warn!(pod = %name, %error, "{failed}");
                 }
             })
             .buffer_unordered(PATCHES_IN_FLIGHT)

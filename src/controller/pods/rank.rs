@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kube::ResourceExt;
 use tracing::{info, warn};
 
 use super::text::parse_gauges;
@@ -99,27 +100,28 @@ pub(in crate::controller) fn candidates(
 }
 
 /// Ranks the workers of `deployment` for deletion, the `drained` ones first of all: no other Pod
-/// is asked or annotated. Logs and gives up on any failure: the shrink goes ahead either way, as
-/// it would without this step. Returns each worker's cost as ranked (`None`: not read).
+/// is asked or annotated, and counts in `busy_workers_stopped` the busy ones among the
+/// `stopping` that cost least (the shrink that follows stops them). Logs and gives up on any
+/// failure: the shrink goes ahead either way, as it would without this step.
 pub(in crate::controller) async fn rank_before_shrink(
     pool: &LanePool,
     ctx: &Context,
     pods: &PoolPods<'_>,
     measured: LastMeasured<'_>,
-    deployment: &str,
+    (deployment, stopping): (&str, usize),
     drained: &BTreeSet<String>,
-) -> Option<Vec<i32>> {
+) {
     let started = std::time::Instant::now();
     let live = pods.workers_of(deployment);
     if live.is_empty() {
-        return None;
+        return;
     }
     let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
         warn!(
             deployment,
             "Pods not ranked before the shrink: no worker answered"
         );
-        return None;
+        return;
     };
     let Reading {
         work,
@@ -139,6 +141,9 @@ pub(in crate::controller) async fn rank_before_shrink(
             false => reading.cost(name),
         })
         .collect();
+    let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let stopped_busy = busy_among_cheapest(costs, stopping);
+    ctx.metrics.stopped_busy(&namespace, &name, stopped_busy);
     let busy_count = names
         .iter()
         .filter(|(name, _)| matches!(work.get(name), Some(Work::Busy { .. })))
@@ -162,12 +167,11 @@ pub(in crate::controller) async fn rank_before_shrink(
         drained = drained.len(),
         "Pods ranked before the shrink: idle workers go first"
     );
-    Some(costs)
 }
 
 /// How many of the `stopping` workers that cost least, of `costs`, are busy: what a shrink
 /// stops with a job in hand.
-pub(in crate::controller) fn busy_among_cheapest(mut costs: Vec<i32>, stopping: usize) -> u64 {
+fn busy_among_cheapest(mut costs: Vec<i32>, stopping: usize) -> u64 {
     costs.sort_unstable();
     costs
         .into_iter()

@@ -8,13 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::drain::drain_among;
 use super::rank::LastMeasured;
-use super::{PATCHES_IN_FLIGHT, PoolPods, Worker};
+use super::{PodPart, PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::plan::drain::Drain;
@@ -94,34 +92,22 @@ pub(in crate::controller) async fn open_gates(
 }
 
 impl PoolPods<'_> {
-    /// Sets each named Pod's condition [`TAKEOVER_CONDITION`] to True, with its reason (a
-    /// strategic merge patch of its status: only that condition). A failure is logged: the
-    /// next reconcile tries again.
+    /// Sets each named Pod's condition [`TAKEOVER_CONDITION`] to True, with its reason (only
+    /// that condition of its status). A failure is logged: the next reconcile tries again.
     async fn set_takeovers(&self, open: Vec<(String, &'static str)>) {
-        if open.is_empty() {
-            return;
-        }
-        let pods: Api<k8s_openapi::api::core::v1::Pod> =
-            Api::namespaced(self.ctx.client.clone(), &self.namespace);
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let (pods, params, now) = (&pods, &PatchParams::default(), &now);
-        futures::stream::iter(open)
-            .for_each_concurrent(PATCHES_IN_FLIGHT, |(name, reason)| async move {
+        let patches = open
+            .into_iter()
+            .map(|(name, reason)| {
                 let patch = serde_json::json!({"status": {"conditions": [{
                     "type": TAKEOVER_CONDITION, "status": "True", "reason": reason,
                     "lastTransitionTime": now,
                 }]}});
-                let result = self
-                    .ctx
-                    .write(
-                        format!("opening Pod {name}'s readiness gate"),
-                        pods.patch_status(&name, params, &Patch::Strategic(&patch)),
-                    )
-                    .await;
-                if let Err(error) = result {
-                    warn!(pod = %name, %error, "readiness gate not opened");
-                }
+                (name, patch)
             })
+            .collect();
+        let (doing, failed) = ("opening the readiness gate of", "readiness gate not opened");
+        self.patch_each(patches, PodPart::Status, doing, failed)
             .await;
     }
 }
