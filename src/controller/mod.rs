@@ -1,23 +1,33 @@
-//! The LanePool controller: the watches and the queue (here), and one reconcile per pool as one
-//! forward walk through its stages (`reconcile.rs`). The modules go one way: the pure ones at the
-//! bottom (`protocol`, `workers`, `status`, `triggers`, `plan/`, `memory/`), [`Context`] above them
-//! (`context`, `events`), the stages that do I/O above that (`measure`, `pods/`, `apply`,
-//! `report`), and the walk on top.
+//! The LanePool controller: the watches and the queue (here), and one reconcile per pool
+//! (`reconcile.rs`): observe, decide, roll out, act. The modules depend one way, each only on
+//! those listed before it:
+//! - pure: `protocol`, `cut`, `settings`, `deployments` (the Deployments a pool runs),
+//!   `status`, `cached_pod`, `rollout/` (surge, drains, stand-ins, costs, takeovers), `state/`
+//!   (what a pool carries between reconciles), `pool_index`, `triggers`;
+//! - the watch caches and the shared context: `caches`, `events`, `context`;
+//! - the one way to a pool's Pods: `pods/`;
+//! - the two stages that do I/O: `observe/` (every read) and `act/` (every write);
+//! - the reconcile on top.
+//!
+//! `tests/structure.rs` fails on an import circle anywhere in the crate.
 
-mod apply;
+mod act;
+mod cached_pod;
+mod caches;
 mod context;
+mod cut;
+mod deployments;
 mod events;
-mod measure;
-mod memory;
-mod plan;
+mod observe;
 mod pods;
 mod pool_index;
 mod protocol;
 mod reconcile;
-mod report;
+mod rollout;
+mod settings;
+mod state;
 mod status;
 mod triggers;
-mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,18 +46,20 @@ use pool_index::PoolIndex;
 use tracing::warn;
 use triggers::Triggers;
 
-use context::{Caches, PoolKey};
-pub use context::{Context, DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
-pub use events::{Recorder, SERIES_TTL, Said};
-pub use plan::cost::{BUSY_COST, DRAINED_COST, IDLE_COST};
-pub use plan::drain::DEFAULT_DRAIN_TIMEOUT;
-pub use plan::grace::GRACE_PERIOD_TOO_SHORT;
-pub use plan::surge::DEFAULT_SURGE_TIMEOUT;
-pub use protocol::{BUSY_METRIC, DELETION_COST, DRAINING_METRIC};
-pub use reconcile::{error_policy, reconcile};
-pub use workers::{
+use caches::Caches;
+pub use context::Context;
+use context::PoolKey;
+pub use deployments::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
 };
+pub use events::{Recorder, SERIES_TTL, Said};
+pub use protocol::{BUSY_METRIC, DELETION_COST, DRAINING_METRIC};
+pub use reconcile::{error_policy, reconcile};
+pub use rollout::cost::{BUSY_COST, DRAINED_COST, IDLE_COST};
+pub use rollout::drain::DEFAULT_DRAIN_TIMEOUT;
+pub use rollout::grace::GRACE_PERIOD_TOO_SHORT;
+pub use rollout::surge::DEFAULT_SURGE_TIMEOUT;
+pub use settings::{DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
 
 use crate::api::{LanePool, POOL_LABEL};
 
@@ -71,7 +83,8 @@ pub async fn run(
         .map(|namespace| {
             let client = ctx.client.clone();
             let pools: Api<LanePool> = scoped(&client, namespace.as_deref());
-            let deployments: Api<workers::CachedDeployment> = scoped(&client, namespace.as_deref());
+            let deployments: Api<deployments::CachedDeployment> =
+                scoped(&client, namespace.as_deref());
             let autoscalers: Api<HorizontalPodAutoscaler> = scoped(&client, namespace.as_deref());
             let pods: Api<Pod> = scoped(&client, namespace.as_deref());
             // Metadata only: whose each Pod is needs no more.
@@ -86,7 +99,7 @@ pub async fn run(
             let deployment_events =
                 watcher(deployments, watcher::Config::default().labels(POOL_LABEL))
                     .default_backoff()
-                    .modify(workers::CachedDeployment::keep_what_is_read)
+                    .modify(deployments::CachedDeployment::keep_what_is_read)
                     .reflect(deployment_writer)
                     .filter_map(move |event| {
                         let woken = event
@@ -114,12 +127,12 @@ pub async fn run(
                 .filter_map(move |event| {
                     let woken = match &event {
                         Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                            pods::waits_for_its_gate(pod)
+                            cached_pod::waits_for_its_gate(pod)
                         }
                         _ => None,
                     };
                     if let Ok(event) = event {
-                        pod_index.apply(event, pods::CachedPod::of);
+                        pod_index.apply(event, cached_pod::CachedPod::of);
                     }
                     futures::future::ready(woken)
                 });
@@ -166,7 +179,7 @@ pub async fn run(
                 })
         })
         .collect();
-    ctx.set_caches(caches);
+    ctx.caches.set(caches);
     let cache_watches = futures::future::join_all(cache_watches);
     let sweep = forget_deleted_pools(ctx, stores);
     tokio::select! {

@@ -20,12 +20,14 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::context::{self, Context, PoolKey};
-use super::memory::{self, PoolMemory, STATUS_REFRESH, Start};
-use super::plan::{self, Rules, grace};
-use super::pods::rank::LastMeasured;
+use super::act::rank::LastMeasured;
+use super::act::{apply, drain, rank, report, stand_in, takeover};
+use super::context::{Context, PoolKey};
+use super::observe::{inherited, measure, reads};
 use super::pods::{self, PoolPods};
-use super::{apply, measure, report, status, workers};
+use super::rollout::{self, Rules, grace};
+use super::state::{self, PoolMemory, STATUS_REFRESH, Start};
+use super::{caches, deployments, settings, status};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Inputs, PoolSizing, Replicas, decide};
 use crate::{Error, Result};
@@ -91,8 +93,8 @@ async fn reconcile_pool(pool: &LanePool, ctx: &Context) -> Result<Action> {
         report::report_paused(pool, ctx).await?;
         return Ok(Action::requeue(interval));
     }
-    if !ctx.caches_ready() {
-        return Ok(Action::requeue(context::CACHES_NOT_READY));
+    if !ctx.caches.ready() {
+        return Ok(Action::requeue(caches::CACHES_NOT_READY));
     }
     let sizing = PoolSizing::from_spec(&pool.spec)?;
     let key = PoolKey::of(pool);
@@ -128,9 +130,9 @@ impl Walk<'_> {
         let generation = pool.metadata.generation;
         // Read and step.
         let live = self.read_deployments(memory);
-        let period = memory::period(self.interval, &pool.uid().unwrap_or_default());
+        let period = state::period(self.interval, &pool.uid().unwrap_or_default());
         let start = memory.start(generation, period, now, || {
-            memory::recorded_replicas(pool, &self.old_status, &live)
+            state::recorded_replicas(pool, &self.old_status, &live)
         });
         if let Some(late) = start.late {
             ctx.metrics.measured_late(late);
@@ -150,7 +152,7 @@ impl Walk<'_> {
         let rules = rules(ctx);
         let (target, own) = (memory.target(), memory.applied.as_ref());
         let surge = memory.surge(now);
-        let rollout = plan::rollout(pool, &live, &target, own, &surge, rules);
+        let rollout = rollout::rollout(pool, &live, &target, own, &surge, rules);
         let surge_ended = memory.surging(&rollout, now);
         surge_end(ctx, surge_ended);
         // The latest a waiting shrink waits for the Deployments taking over.
@@ -190,7 +192,7 @@ impl Walk<'_> {
     /// (what a removed lane left behind).
     fn read_deployments(&self, memory: &PoolMemory) -> BTreeMap<String, Deployment> {
         let pool = self.pool;
-        let names: Vec<String> = workers::pool_roles(pool, &Replicas::default())
+        let names: Vec<String> = deployments::pool_roles(pool, &Replicas::default())
             .into_iter()
             .map(|(name, _, _)| name)
             .chain(memory.leaving.iter().cloned())
@@ -198,6 +200,7 @@ impl Walk<'_> {
         let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
         let namespace = pool.namespace().unwrap_or_default();
         self.ctx
+            .caches
             .pool_deployments(&namespace, &pool.name_any(), &names, sweep)
             .into_iter()
             .map(|d| (d.name_any(), d))
@@ -217,13 +220,13 @@ impl Walk<'_> {
         let (pool, ctx) = (self.pool, self.ctx);
         let (measured, answers) = futures::join!(
             measure::measure_pool(pool, ctx, self.interval),
-            pods::reads::ask(&memory.worker_reads, pool, ctx, pods),
+            reads::ask(&memory.worker_reads, pool, ctx, pods),
         );
         let (mut loads, connection) = measured?;
-        pods::reads::record(ctx, &mut memory.worker_reads, answers, &loads);
-        let window = pods::reads::rate_window(ctx);
+        reads::record(ctx, &mut memory.worker_reads, answers, &loads);
+        let window = reads::rate_window(ctx);
         memory.worker_reads.apply_to(&mut loads, window);
-        let within = measure::deadline(self.interval);
+        let within = settings::measure_deadline(self.interval);
         let job_seconds =
             measure::served_job_seconds(pool, ctx, connection.as_ref(), &loads, within).await;
         // The lanes only shared workers serve: their longest job time says how seldom, at
@@ -257,14 +260,14 @@ impl Walk<'_> {
         pods: &PoolPods<'_>,
         memory: &mut PoolMemory,
         live: &BTreeMap<String, Deployment>,
-        rollout: &plan::Rollout,
+        rollout: &rollout::Rollout,
         rules: Rules,
         surge_ends: Duration,
-    ) -> plan::Release {
+    ) -> rollout::Release {
         let (pool, ctx) = (self.pool, self.ctx);
         // What an earlier leader left in the workers: taken over, or ended, by the steps below.
         if !memory.inherited_read {
-            let inherited = pods::inherited::read(pods).await;
+            let inherited = inherited::read(pods).await;
             if inherited.len() > 0 {
                 info!(
                     workers = inherited.len(),
@@ -281,7 +284,7 @@ impl Walk<'_> {
         };
         // While a shrink waits for the surge, its workers that will stop stand in for the new
         // ones; once it goes, the drain takes those first, and sends back none it leaves.
-        let stood_in = pods::stand_in::stand_in_during_surges(
+        let stood_in = stand_in::stand_in_during_surges(
             pool,
             ctx,
             pods,
@@ -294,12 +297,12 @@ impl Walk<'_> {
         .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
-        let floors = pods::drain::drain_before_shrinks(
+        let floors = drain::drain_before_shrinks(
             pool, ctx, pods, measured, drains, shrinks, &stood_in, self.now,
         )
         .await;
         let drains = &memory.drains;
-        pods::stand_in::end(pods, stood_in, |deployment, pod| {
+        stand_in::end(pods, stood_in, |deployment, pod| {
             drains
                 .get(deployment)
                 .is_some_and(|d| d.pods.contains_key(pod))
@@ -307,7 +310,7 @@ impl Walk<'_> {
         .await;
         // A template change: each new worker counts as available once an old one is idle.
         let shrinking = memory.drains.keys().cloned().collect();
-        pods::takeover::open_gates(
+        takeover::open_gates(
             pool,
             ctx,
             pods,
@@ -319,18 +322,18 @@ impl Walk<'_> {
         )
         .await;
         let release = rollout.release(pool, live, &floors, rules);
-        let to = workers::counts_by_name(pool, Some(&release.replicas));
+        let to = deployments::counts_by_name(pool, Some(&release.replicas));
         for deployment in &release.shrinking {
             let drained = memory
                 .drains
                 .get(deployment)
                 .map(|d| d.idle())
                 .unwrap_or_default();
-            let from = live.get(deployment).and_then(workers::spec_replicas);
+            let from = live.get(deployment).and_then(deployments::spec_replicas);
             let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
             let stopping = usize::try_from(stopping).unwrap_or(0);
             let shrink = (deployment.as_str(), stopping);
-            pods::rank::rank_before_shrink(pool, ctx, pods, measured, shrink, &drained).await;
+            rank::rank_before_shrink(pool, ctx, pods, measured, shrink, &drained).await;
         }
         release
     }

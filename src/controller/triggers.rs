@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use kube::runtime::watcher::Event;
 
-use super::workers::CachedDeployment;
+use super::deployments::CachedDeployment;
 
 /// What was last seen of each Deployment, by uid.
 #[derive(Default)]
@@ -84,7 +84,7 @@ impl Triggers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::workers::CachedStatus;
+    use crate::controller::deployments::CachedStatus;
     use kube::api::ObjectMeta;
 
     fn deployment(uid: &str, generation: i64, ready: i32) -> CachedDeployment {

@@ -13,7 +13,7 @@ use rcgen::{
 
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 
-use super::{Result, io};
+use crate::error::{Result, io};
 
 /// Paths of the PEM files written by [`write`].
 #[derive(Clone, Debug)]

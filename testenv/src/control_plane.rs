@@ -15,7 +15,9 @@ use kube::{Client, Config};
 
 use super::certs::{self, CertFiles};
 use super::process::{Lifetime, Process};
-use super::{Result, TestEnvError, free_port, io, tool};
+use crate::error::{Result, TestEnvError, io};
+use crate::tools::tool;
+use crate::wait::free_port;
 use lanepool::crd::lanepool_crd;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -162,7 +164,8 @@ impl ControlPlane {
         }
         plane.install_crd().await?;
         if let Some(keda) = keda {
-            let processes = super::keda::start(&plane, &keda, &certs, lifetime).await?;
+            let processes =
+                super::keda::start(&plane.dir, &plane.kubeconfig, &keda, &certs, lifetime).await?;
             plane.processes.extend(processes);
             if lifetime == Lifetime::Detached {
                 let pids: Vec<String> = plane.pids().iter().map(u32::to_string).collect();
@@ -187,17 +190,7 @@ impl ControlPlane {
     /// Runs the pinned kubectl against this API server: whether it succeeded, and its stdout
     /// (on failure, its stderr after it).
     pub fn kubectl(&self, args: &[&str]) -> Result<(bool, String)> {
-        let output = std::process::Command::new(super::tool("kubectl")?)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .map_err(super::io("running kubectl"))?;
-        let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-        if !output.status.success() {
-            text.push_str(&String::from_utf8_lossy(&output.stderr));
-        }
-        Ok((output.status.success(), text))
+        crate::kubectl::kubectl(&self.kubeconfig, args)
     }
 
     /// The directory holding certificates, data and logs.

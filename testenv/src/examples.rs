@@ -91,3 +91,10 @@ impl Drop for LaneQueue {
         let _ = self.child.wait();
     }
 }
+
+/// The tests' pool, `tests/fixtures/formula-pool.yaml`, as JSON for a test to change: the
+/// guide's pool sized by the formula, whose arithmetic the integration tests assert.
+pub fn formula_pool() -> serde_json::Value {
+    let yaml = include_str!("../../tests/fixtures/formula-pool.yaml");
+    serde_yaml::from_str(yaml).expect("tests/fixtures/formula-pool.yaml is YAML")
+}

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use super::process::{Lifetime, which};
 use super::prometheus::TestPrometheus;
-use super::{Result, TestEnvError, io};
+use crate::error::{Result, TestEnvError, io};
 
 /// One lane's load: jobs per second in the scrape interval ending at each Unix second, and the
 /// mean job time.

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 use super::certs::{CertFiles, KEDA_METRICS_SERVICE};
-use super::control_plane::ControlPlane;
 use super::process::{Lifetime, Process};
-use super::{Result, TestEnvError, free_port, io, tool, tools_dir};
+use crate::error::{Result, TestEnvError, io};
+use crate::tools::{tool, tools_dir};
+use crate::wait::free_port;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// The namespace KEDA runs "in": where it keeps cluster-wide objects and its metrics Service.
@@ -43,15 +44,31 @@ impl Binaries {
     }
 }
 
+/// The API server KEDA is installed into, by its kubeconfig.
+struct Plane<'a> {
+    kubeconfig: &'a Path,
+}
+
+impl Plane<'_> {
+    fn kubeconfig(&self) -> &Path {
+        self.kubeconfig
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Result<(bool, String)> {
+        super::kubectl::kubectl(self.kubeconfig, args)
+    }
+}
+
 /// Installs KEDA's CRDs, starts its operator and metrics API server, and returns once the API
 /// server says the external metrics API is available.
 pub async fn start(
-    plane: &ControlPlane,
+    dir: &Path,
+    kubeconfig: &Path,
     binaries: &Binaries,
     certs: &CertFiles,
     lifetime: Lifetime,
 ) -> Result<Vec<Process>> {
-    let dir = plane.dir();
+    let plane = &Plane { kubeconfig };
     kubectl(
         plane,
         &["apply", "--server-side", "-f", &display(&binaries.crds)],
@@ -166,7 +183,7 @@ spec:
     ))
 }
 
-async fn wait_available(plane: &ControlPlane, processes: &mut [Process]) -> Result<()> {
+async fn wait_available(plane: &Plane<'_>, processes: &mut [Process]) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let jsonpath = "-o=jsonpath={.status.conditions[?(@.type==\"Available\")].status}";
     loop {
@@ -192,7 +209,7 @@ async fn wait_available(plane: &ControlPlane, processes: &mut [Process]) -> Resu
     }
 }
 
-fn kubectl(plane: &ControlPlane, args: &[&str]) -> Result<String> {
+fn kubectl(plane: &Plane<'_>, args: &[&str]) -> Result<String> {
     let (ok, out) = plane.kubectl(args)?;
     if ok {
         Ok(out)

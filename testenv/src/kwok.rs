@@ -9,7 +9,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use super::process::{Lifetime, Process};
-use super::{Result, tool};
+use crate::error::Result;
+use crate::tools::tool;
 
 /// The loopback block the Pods' addresses come from: a million addresses, none of them 127.0.0.1.
 pub const POD_CIDR: &str = "127.16.0.0/12";

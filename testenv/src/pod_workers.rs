@@ -21,7 +21,7 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use super::{Result, io};
+use crate::error::{Result, io};
 
 /// (namespace, pool).
 type PoolOf = (String, String);

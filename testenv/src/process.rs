@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Result, io};
+use crate::error::{Result, io};
 
 /// How long the started processes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

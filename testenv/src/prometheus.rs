@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use super::certs::{TlsMaterial, tls_material};
 use super::process::{Lifetime, Process, which};
-use super::{Result, TestEnvError, free_port, io};
+use crate::error::{Result, TestEnvError, io};
+use crate::wait::free_port;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The file_sd file of worker Pods, in Prometheus's directory.

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::process::{Lifetime, Process, which};
-use super::{Result, TestEnvError, free_port, io};
+use crate::error::{Result, TestEnvError, io};
+use crate::wait::free_port;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// The largest bulk reply [`TestRedis::command`] reads: tests count and list, never dump.

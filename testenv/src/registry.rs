@@ -8,7 +8,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::process::{Lifetime, Process};
-use super::{Result, TestEnvError, free_port, http_get, io, tool};
+use crate::error::{Result, TestEnvError, io};
+use crate::prometheus::http_get;
+use crate::tools::tool;
+use crate::wait::free_port;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 

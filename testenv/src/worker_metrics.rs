@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{Result, io};
+use crate::error::{Result, io};
 
 /// The lane a series belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

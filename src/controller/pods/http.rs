@@ -129,7 +129,7 @@ fn status_of(response: &reqwest::Response) -> Result<u16, Refused> {
             .unwrap_or_default();
         return Err(Refused::Redirect {
             status: status.as_u16(),
-            location: super::super::context::truncate_bytes(location, 200).to_string(),
+            location: crate::controller::cut::truncate_bytes(location, 200).to_string(),
         });
     }
     Ok(status.as_u16())

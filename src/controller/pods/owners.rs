@@ -8,17 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::worker::CachedPod;
-
-/// The uid of the object's controller, when it is of `kind` in `apps/v1`.
-pub(super) fn controller_uid<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a str> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .filter(|o| o.kind == kind && o.api_version == "apps/v1")
-        .map(|o| o.uid.as_str())
-}
+use crate::controller::cached_pod::{CachedPod, controller_uid};
 
 /// The pool's own Deployments: uid → name.
 pub(in crate::controller) type PoolDeployments = BTreeMap<String, String>;

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::controller::plan::cost::Sample;
-use crate::controller::plan::drain::Answer;
 use crate::controller::protocol::{BUSY_METRIC, DRAINING_METRIC, FINISHED_METRIC, STARTED_METRIC};
+use crate::controller::rollout::cost::Sample;
+use crate::controller::rollout::drain::Answer;
 
 /// The most busy and job-start series kept of one worker's answer.
 const MOST_SERIES: usize = 64;
@@ -135,8 +135,8 @@ pub fn read_answer(status: u16, text: &str) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::plan::cost::tests::series;
-    use crate::controller::plan::cost::{Work, busy_pods};
+    use crate::controller::rollout::cost::tests::series;
+    use crate::controller::rollout::cost::{Work, busy_pods};
 
     #[test]
     fn a_workers_own_answer_is_read_as_prometheus_would_label_it() {

@@ -4,7 +4,7 @@
 //! [`PoolMemory::measured`] and [`PoolMemory::decided`] (when due), [`PoolMemory::surging`],
 //! [`PoolMemory::rolled_out`] and [`PoolMemory::requeue_after`]; it is written back once.
 
-pub(super) mod reads;
+pub(super) mod worker_reads;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -12,15 +12,15 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 
-use super::plan::drain::{self, Drain};
-use super::plan::stand_in::StandIns;
-use super::plan::{Release, Rollout, Surge};
+use super::deployments::{Role, pool_roles, spec_replicas};
+use super::rollout::drain::{self, Drain};
+use super::rollout::stand_in::StandIns;
+use super::rollout::{Release, Rollout, Surge};
 use super::status::METRICS_AVAILABLE;
-use super::workers::{Role, pool_roles, spec_replicas};
 use crate::api::{Lane, LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
 use crate::sizing::{Decision, History, Outage, Replicas};
-use reads::WorkerReads;
+use worker_reads::WorkerReads;
 
 /// What one pool's reconciles remember between runs. Times are since the process started.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,107 +1,80 @@
-//! The rollout, without I/O: from the decision, the live Deployments, this process's last
-//! counts and the surge's wait, what to write now and in which order. Growth goes out first and
-//! alone whenever a Deployment is to shrink (draining and ranking never delay new workers); a
-//! shrink waits for the growing Deployments to be ready (the surge, `surge.rs`), and only then
-//! are the workers it stops asked to drain (`drain.rs`); until then shared workers stand in for
-//! new reserved ones (`stand_in.rs`). Each shrinking Deployment's Pods are ranked (`cost.rs`)
-//! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
-
-pub(super) mod cost;
-pub(super) mod drain;
-pub(super) mod grace;
-pub(super) mod stand_in;
-pub(super) mod surge;
-pub(super) mod takeover;
+//! One step of the rollout, without I/O: from the decision, the live Deployments, this process's
+//! last counts and the surge's wait, what to write now and in which order, and what still waits.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use super::workers::{Role, counts_by_name, leaving, pool_roles, spec_replicas};
+use super::drain;
+use super::shrink::{Shrink, StandIn, lanes_of};
+use super::surge;
 use crate::api::LanePool;
+use crate::controller::deployments::{Role, counts_by_name, leaving, pool_roles, spec_replicas};
 use crate::sizing::Replicas;
 
 /// How the operator rolls a decision out (from its flags).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct Rules {
+pub(in crate::controller) struct Rules {
     /// How long a shrink waits for the growing Deployments to be ready; zero: no wait.
-    pub(super) surge_timeout: Duration,
+    pub(in crate::controller) surge_timeout: Duration,
     /// Rank a shrinking Deployment's Pods so idle workers go first.
-    pub(super) rank: bool,
+    pub(in crate::controller) rank: bool,
     /// Drain the workers a shrink stops before it goes.
-    pub(super) drain: bool,
-}
-
-/// A Deployment about to shrink: its name, the count it has and the one it shrinks to, and the
-/// lanes its workers serve.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct Shrink {
-    pub(super) deployment: String,
-    pub(super) live: i32,
-    pub(super) to: i32,
-    pub(super) lanes: Vec<String>,
-}
-
-/// A shrink waiting for the surge: the `shrink.live - shrink.to` workers it will stop serve the
-/// lanes of the Deployments taking over (`serves`, in priority order) until those are ready.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct StandIn {
-    pub(super) shrink: Shrink,
-    pub(super) serves: Vec<String>,
+    pub(in crate::controller) drain: bool,
 }
 
 /// Where a surge stands, as the pool's memory has it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Surge {
+pub(in crate::controller) struct Surge {
     /// How long a shrink has waited for the growing Deployments (`None`: none waits).
-    pub(super) waited: Option<Duration>,
+    pub(in crate::controller) waited: Option<Duration>,
     /// The Deployments that grew for the waiting shrink.
-    pub(super) taking_over: BTreeSet<String>,
+    pub(in crate::controller) taking_over: BTreeSet<String>,
 }
 
 /// One reconcile's way to the decided counts.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Rollout {
+pub(in crate::controller) struct Rollout {
     /// The counts of this step of the surge: growth at once, a shrink once the others are ready.
-    pub(super) step: Replicas,
+    pub(in crate::controller) step: Replicas,
     /// A shrink waits for the growing Deployments.
-    pub(super) waiting: bool,
+    pub(in crate::controller) waiting: bool,
     /// The Deployments growing in this surge, whose readiness a shrink waits for: remembered
     /// while it waits (once grown, a Deployment's count is its target, but it still takes over).
-    pub(super) taking_over: BTreeSet<String>,
+    pub(in crate::controller) taking_over: BTreeSet<String>,
     /// The Deployments the surge lets shrink now: their workers drain first. A shrink that waits
     /// for the Deployments taking over is not among them, and its workers keep taking jobs until
     /// their replacements are ready. Empty when the operator does not drain.
-    pub(super) shrinks: Vec<Shrink>,
+    pub(in crate::controller) shrinks: Vec<Shrink>,
     /// The shrinks that wait for the Deployments taking over: their workers that will stop stand
     /// in for the new ones meanwhile. Empty when the operator does not drain.
-    pub(super) stand_ins: Vec<StandIn>,
+    pub(in crate::controller) stand_ins: Vec<StandIn>,
     /// What to write before any shrinking Deployment's Pod is asked anything: the step with every
     /// shrink held. `None` when nothing is to shrink (the step goes out in one write).
-    pub(super) growth: Option<Replicas>,
+    pub(in crate::controller) growth: Option<Replicas>,
     /// While a shrink waits for the surge: the Deployments taking over that are not ready yet,
     /// as (name, ready, target).
-    pub(super) not_ready: Vec<(String, i32, i32)>,
+    pub(in crate::controller) not_ready: Vec<(String, i32, i32)>,
     /// The Deployments no lane runs any more: (name, what it runs, what this step gives it: 0
     /// once the surge lets it go).
-    pub(super) leaving: Vec<(String, i32, i32)>,
+    pub(in crate::controller) leaving: Vec<(String, i32, i32)>,
 }
 
 /// A shrink that waits: its Deployment, the count it runs and the one decided, what it waits for
 /// and the most it waits (`until`, since the process started).
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Held {
-    pub(super) deployment: String,
-    pub(super) runs: i32,
-    pub(super) to: i32,
-    pub(super) waits_for: WaitsFor,
-    pub(super) until: Duration,
+pub(in crate::controller) struct Held {
+    pub(in crate::controller) deployment: String,
+    pub(in crate::controller) runs: i32,
+    pub(in crate::controller) to: i32,
+    pub(in crate::controller) waits_for: WaitsFor,
+    pub(in crate::controller) until: Duration,
 }
 
 /// What a waiting shrink waits for.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) enum WaitsFor {
+pub(in crate::controller) enum WaitsFor {
     /// The Deployments taking over its capacity to be ready: (name, ready, target) of each one
     /// not ready yet.
     Ready(Vec<(String, i32, i32)>),
@@ -111,22 +84,22 @@ pub(super) enum WaitsFor {
 
 /// What goes out once the drains have answered.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Release {
+pub(in crate::controller) struct Release {
     /// The step, with each shrink a drain holds kept at its live count.
-    pub(super) replicas: Replicas,
+    pub(in crate::controller) replicas: Replicas,
     /// The Deployments that shrink with this write: their Pods are ranked first, and their drains
     /// end with it. Empty when the operator does not rank.
-    pub(super) shrinking: Vec<String>,
+    pub(in crate::controller) shrinking: Vec<String>,
     /// The Deployments no lane runs that go now: removed, their drains ended.
-    pub(super) remove: Vec<String>,
+    pub(in crate::controller) remove: Vec<String>,
     /// Those that still wait (for the surge, or their drained workers), running as they are.
-    pub(super) staying: Vec<String>,
+    pub(in crate::controller) staying: Vec<String>,
 }
 
 /// The way from the `live` Deployments to `decided`. A shrink starts from what this process
 /// applied last (`own`), so a count someone else set is restored at once rather than waited on;
 /// after a restart, from the Deployments. `surge`: how far a waiting shrink's surge has come.
-pub(super) fn rollout(
+pub(in crate::controller) fn rollout(
     pool: &LanePool,
     live: &BTreeMap<String, Deployment>,
     decided: &Replicas,
@@ -253,7 +226,7 @@ pub(super) fn rollout(
 impl Rollout {
     /// The shrinks that still wait once `release` goes out, towards `decided`: for their drained
     /// workers (`drains`), or for the surge, which waits until `surge_ends` at the latest.
-    pub(super) fn held(
+    pub(in crate::controller) fn held(
         &self,
         pool: &LanePool,
         decided: &Replicas,
@@ -308,7 +281,7 @@ impl Rollout {
 
     /// What goes out now that the drains said how far each shrink may go (`floors`: the fewest
     /// workers each shrinking Deployment may run now; one not named may shrink all the way).
-    pub(super) fn release(
+    pub(in crate::controller) fn release(
         &self,
         pool: &LanePool,
         live: &BTreeMap<String, Deployment>,
@@ -347,30 +320,6 @@ fn ready_replicas(deployment: &Deployment) -> i32 {
         .as_ref()
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0)
-}
-
-/// Takes the entries of the Deployments that `still` does not name out of `by_deployment`.
-fn take_out_others<V>(
-    by_deployment: &mut BTreeMap<String, V>,
-    still: impl Fn(&str) -> bool,
-) -> Vec<(String, V)> {
-    let others: Vec<String> = by_deployment
-        .keys()
-        .filter(|d| !still(d))
-        .cloned()
-        .collect();
-    others
-        .into_iter()
-        .filter_map(|d| by_deployment.remove_entry(&d))
-        .collect()
-}
-
-/// The lanes a role's workers take jobs from, in priority order.
-pub(super) fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
-    match role {
-        Role::Reserved { lane } => vec![lane.clone()],
-        Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),
-    }
 }
 
 fn set(replicas: &mut Replicas, role: &Role, count: i32) {

@@ -1,7 +1,7 @@
 //! The ordering rules of a rollout, which the real-cluster tests otherwise check end to end.
 
 use super::*;
-use crate::controller::workers::worker_deployments;
+use crate::controller::deployments::worker_deployments;
 use k8s_openapi::api::apps::v1::DeploymentStatus;
 use kube::ResourceExt;
 
@@ -14,7 +14,7 @@ const DRAIN_AND_RANK: Rules = Rules {
 
 fn pool() -> LanePool {
     let mut pool: LanePool =
-        serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap();
+        serde_yaml::from_str(include_str!("../../../../examples/lanepool.yaml")).unwrap();
     pool.metadata.namespace = Some("team".into());
     pool.metadata.uid = Some("pool-uid".into());
     pool

@@ -9,11 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::text::gauge_values;
-use super::{PoolPods, Worker};
-use crate::controller::plan::drain::{Drain, Drained};
-use crate::controller::plan::stand_in::StandIns;
+use crate::controller::pods::gauge_values;
+use crate::controller::pods::{PoolPods, Worker};
 use crate::controller::protocol::{DRAINING_METRIC, STANDING_IN_METRIC};
+use crate::controller::rollout::drain::{Drain, Drained};
+use crate::controller::rollout::stand_in::StandIns;
 
 /// The workers that say they drain or stand in, by Deployment, as this process found them.
 #[derive(Clone, Debug, Default, PartialEq)]

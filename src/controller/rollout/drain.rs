@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::Shrink;
+use super::shrink::Shrink;
 
 /// The most a shrink waits for its drained workers by default (`--drain-timeout`): what the
 /// surge waits for new workers, so neither outlasts the other. The lanes' job times usually
@@ -233,7 +233,7 @@ pub(in crate::controller) fn called_off(
     drains: &mut BTreeMap<String, Drain>,
     shrinks: &[Shrink],
 ) -> Vec<(String, Drain)> {
-    super::take_out_others(drains, |d| shrinks.iter().any(|s| s.deployment == d))
+    super::shrink::take_out_others(drains, |d| shrinks.iter().any(|s| s.deployment == d))
 }
 
 /// How soon to come back for the pool's drains: soon while a drained worker is busy, before

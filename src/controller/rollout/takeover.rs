@@ -8,8 +8,8 @@
 //! idle ones (cost -1 first). Gates of workers that only grow a Deployment open at once. The
 //! requests go out from `pods/takeover.rs`.
 
-use super::Shrink;
 use super::drain::Drain;
+use super::shrink::Shrink;
 use std::time::Duration;
 
 /// The drain a rollover stands for: the `old` workers of a Deployment's older templates shrink
@@ -53,7 +53,7 @@ pub(in crate::controller) fn gates_to_open(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::plan::drain::{Answer, Candidate};
+    use crate::controller::rollout::drain::{Answer, Candidate};
     use std::collections::BTreeMap;
 
     fn candidate(name: &str, cost: i32) -> Candidate {

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::StandIn;
 use super::drain::{Candidate, choose};
+use super::shrink::StandIn;
 
 /// How much longer than the surge's own limit a stand-in lasts in the worker: the reconcile that
 /// ends the surge and the drain that follows, with room to spare.
@@ -86,7 +86,7 @@ pub(in crate::controller) fn ended(
     stand_ins: &mut BTreeMap<String, StandIns>,
     waiting: &[StandIn],
 ) -> Vec<(String, StandIns)> {
-    super::take_out_others(stand_ins, |d| {
+    super::shrink::take_out_others(stand_ins, |d| {
         waiting.iter().any(|s| s.shrink.deployment == d)
     })
 }
@@ -102,7 +102,7 @@ pub(in crate::controller) fn lapse(surge_ends: Duration, now: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::plan::Shrink;
+    use crate::controller::rollout::Shrink;
 
     fn stand_in(live: i32, to: i32) -> StandIn {
         StandIn {

@@ -13,13 +13,13 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::rank::{LastMeasured, candidates, rank_before_shrink, read_work};
-use super::text::read_answer;
-use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
-use crate::controller::plan::Shrink;
-use crate::controller::plan::cost::{DRAINED_COST, IDLE_COST};
-use crate::controller::plan::drain::{self, Answer, Drain};
+use crate::controller::pods::read_answer;
+use crate::controller::pods::{PoolPods, Worker};
+use crate::controller::rollout::Shrink;
+use crate::controller::rollout::cost::{DRAINED_COST, IDLE_COST};
+use crate::controller::rollout::drain::{self, Answer, Drain};
 use crate::duration::human_seconds;
 
 /// Asks each of `workers` to drain for its seconds (`0`: stop draining); their answers by name:
@@ -99,7 +99,7 @@ pub(in crate::controller) async fn drain_before_shrinks(
 /// in a rollover) and returns the fewest of them that may run now ([`Drain::floor`]; all of
 /// them while the costs are not yet in the Pod cache).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn drain_among(
+pub(in crate::controller) async fn drain_among(
     pool: &LanePool,
     ctx: &Context,
     pods: &PoolPods<'_>,

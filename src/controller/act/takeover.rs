@@ -12,13 +12,13 @@ use tracing::info;
 
 use super::drain::drain_among;
 use super::rank::LastMeasured;
-use super::{PodPart, PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
-use crate::controller::plan::drain::Drain;
-use crate::controller::plan::{lanes_of, takeover};
+use crate::controller::deployments::pool_roles;
+use crate::controller::pods::{PodPart, PoolPods, Worker};
 use crate::controller::protocol::TAKEOVER_CONDITION;
-use crate::controller::workers::pool_roles;
+use crate::controller::rollout::drain::Drain;
+use crate::controller::rollout::{lanes_of, takeover};
 use crate::sizing::Replicas;
 
 /// Why a gate opened, as its condition's reason.

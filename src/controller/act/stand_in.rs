@@ -13,13 +13,13 @@ use kube::runtime::events::EventType;
 use tracing::{debug, info};
 
 use super::rank::{LastMeasured, candidates, read_work};
-use super::text::gauge_values;
-use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
-use crate::controller::plan::StandIn;
-use crate::controller::plan::stand_in::{self, StandIns};
+use crate::controller::pods::gauge_values;
+use crate::controller::pods::{PoolPods, Worker};
 use crate::controller::protocol::STANDING_IN_METRIC;
+use crate::controller::rollout::StandIn;
+use crate::controller::rollout::stand_in::{self, StandIns};
 use crate::duration::human_seconds;
 
 /// The outcome of a worker that answered it stands in.

@@ -9,11 +9,12 @@ use tracing::{info, warn};
 
 use std::time::Duration;
 
-use super::context::{Context, MANAGER};
-use super::plan::grace::GRACE_PERIOD_TOO_SHORT;
-use super::plan::{Held, WaitsFor};
-use super::status::{self, ConditionState};
 use crate::api::{LanePool, LanePoolStatus};
+use crate::controller::context::Context;
+use crate::controller::rollout::grace::GRACE_PERIOD_TOO_SHORT;
+use crate::controller::rollout::{Held, WaitsFor};
+use crate::controller::settings::MANAGER;
+use crate::controller::status::{self, ConditionState};
 use crate::sizing::{Decision, Replicas};
 use crate::{Error, Result};
 
@@ -22,7 +23,7 @@ use crate::{Error, Result};
 /// measurements within their tolerance is not written unless `refresh` (the measurements shown
 /// are getting old); returns the status written, if it was.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn report_decision(
+pub(in crate::controller) async fn report_decision(
     pool: &LanePool,
     ctx: &Context,
     old: &LanePoolStatus,
@@ -105,7 +106,7 @@ pub(super) async fn report_decision(
 /// Between decisions: the last status this process wrote (`last`), with what runs now `shown`
 /// on it, written when that changed (a shrink that started or stopped waiting). Returns the
 /// status written, if it was.
-pub(super) async fn report_rollout(
+pub(in crate::controller) async fn report_rollout(
     pool: &LanePool,
     ctx: &Context,
     last: &LanePoolStatus,
@@ -120,7 +121,7 @@ pub(super) async fn report_rollout(
 }
 
 /// Says on the status that the pool is paused: its Deployments are left alone.
-pub(super) async fn report_paused(pool: &LanePool, ctx: &Context) -> Result<()> {
+pub(in crate::controller) async fn report_paused(pool: &LanePool, ctx: &Context) -> Result<()> {
     let old = pool.status.clone().unwrap_or_default();
     let observed = [ConditionState::new(
         status::PAUSED,
@@ -141,7 +142,7 @@ pub(super) async fn report_paused(pool: &LanePool, ctx: &Context) -> Result<()> 
 /// `status` with what runs: each lane's `running` count from `running`, `reserves` as
 /// "lane runs → decided" where they differ, and `rollout` saying what each waiting shrink waits
 /// for (`held`), with `wall` turning the operator's clock into the time of day.
-pub(super) fn with_rollout(
+pub(in crate::controller) fn with_rollout(
     mut status: LanePoolStatus,
     running: &Replicas,
     held: &[Held],
@@ -194,7 +195,7 @@ pub(super) fn with_rollout(
     status
 }
 
-pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error) {
+pub(in crate::controller) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error) {
     let old = pool.status.clone().unwrap_or_default();
     let mut new = old.clone();
     new.conditions = status::merge_conditions(
@@ -217,7 +218,7 @@ pub(super) async fn report_failure(pool: &LanePool, ctx: &Context, error: &Error
     }
 }
 
-pub(super) async fn write_status(
+pub(in crate::controller) async fn write_status(
     pool: &LanePool,
     ctx: &Context,
     old: &LanePoolStatus,

@@ -12,11 +12,12 @@ use kube::api::Api;
 
 use tracing::warn;
 
-use super::context::Context;
-use super::plan::cost::Sample;
-use super::protocol::{BUSY_METRIC, STARTED_METRIC};
 use crate::Result;
 use crate::api::LanePool;
+use crate::controller::context::Context;
+use crate::controller::protocol::{BUSY_METRIC, STARTED_METRIC};
+use crate::controller::rollout::cost::Sample;
+use crate::controller::settings::measure_deadline;
 use crate::duration::human_seconds;
 use crate::prometheus::{Client, Connection, LaneQueries, default_job_time, pool_queries, spec};
 use crate::sizing::{LaneLoad, Loads, RecentRate, lane_load, single_value};
@@ -85,18 +86,12 @@ async fn measure_lane(
 /// How often a shared query is refreshed: three times per scrape interval, so an answer is never
 /// much older than the samples it is made of, and the default convention's three shapes cost
 /// nine queries per interval however many pools share them.
-pub(super) fn refresh_period(scrape_interval: Duration) -> Duration {
+pub(in crate::controller) fn refresh_period(scrape_interval: Duration) -> Duration {
     (scrape_interval / 3).max(Duration::from_millis(100))
 }
 
-/// How long a pool's measurement may take: most of the interval, so a slow Prometheus delays
-/// the pool's next decision at most to its next interval.
-pub(super) fn deadline(interval: Duration) -> Duration {
-    (interval * 8 / 10).max(Duration::from_secs(1))
-}
-
 /// The pool's loads, and the connection they were measured through (none without a URL).
-pub(super) async fn measure_pool(
+pub(in crate::controller) async fn measure_pool(
     pool: &LanePool,
     ctx: &Context,
     interval: Duration,
@@ -138,7 +133,7 @@ pub(super) async fn measure_pool(
     let connection = spec::connection(&source, url, named, timeout, read).await?;
     let client = ctx.prometheus.for_pool(&connection, &pool_key(pool))?;
     let period = refresh_period(ctx.settings.windows.scrape_interval);
-    let loads = measure(&client, &queries, period, deadline(interval)).await;
+    let loads = measure(&client, &queries, period, measure_deadline(interval)).await;
     Ok((loads, Some(connection)))
 }
 
@@ -146,7 +141,7 @@ pub(super) async fn measure_pool(
 /// metric convention's shared job-time query (already refreshed for the reserve lanes, so no
 /// extra query). A lane without an answer within `within` is left out: a shared answer that
 /// hangs never holds the reconcile past its measurement's deadline.
-pub(super) async fn served_job_seconds(
+pub(in crate::controller) async fn served_job_seconds(
     pool: &LanePool,
     ctx: &Context,
     connection: Option<&Connection>,
@@ -187,11 +182,11 @@ pub(super) async fn served_job_seconds(
 }
 
 /// The most a ranking or a drain waits for Prometheus to say which workers are busy: as long as
-/// the workers themselves get ([`super::pods`]'s Pod budget). Unknown then means hold.
+/// the workers themselves get ([`crate::controller::pods`]'s Pod budget). Unknown then means hold.
 const BUSY_DEADLINE: Duration = Duration::from_secs(1);
 
 /// A pool's key among the Prometheus clients' shares: `namespace/name`.
-pub(super) fn pool_key(pool: &LanePool) -> String {
+pub(in crate::controller) fn pool_key(pool: &LanePool) -> String {
     format!(
         "{}/{}",
         pool.namespace().unwrap_or_default(),
@@ -217,7 +212,7 @@ pub fn started_query(namespace: &str, pool: &str) -> String {
 
 /// The pool's busy and job-start gauges from Prometheus, by pod and lane (`None`: not
 /// reachable); `deployment` names the shrink they are for in a warning.
-pub(super) async fn busy_workers(
+pub(in crate::controller) async fn busy_workers(
     ctx: &Context,
     connection: Option<&Connection>,
     pool: &LanePool,

@@ -11,12 +11,12 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tracing::warn;
 
-use super::PoolPods;
-use super::text::finished_counts;
 use crate::api::LanePool;
 use crate::controller::context::Context;
-use crate::controller::memory::reads::{Answers, WorkerReads};
-use crate::controller::workers::serves_metrics;
+use crate::controller::deployments::serves_metrics;
+use crate::controller::pods::PoolPods;
+use crate::controller::pods::finished_counts;
+use crate::controller::state::worker_reads::{Answers, WorkerReads};
 use crate::sizing::{Loads, WorkerCount};
 
 /// The long window the reads' rate is counted over: the operator's `--rate-window`.

@@ -12,16 +12,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use super::text::parse_gauges;
-use super::{PoolPods, Worker};
 use crate::api::LanePool;
 use crate::controller::context::Context;
-use crate::controller::measure::busy_workers;
-use crate::controller::plan::cost::{
+use crate::controller::observe::measure::busy_workers;
+use crate::controller::pods::parse_gauges;
+use crate::controller::pods::{PoolPods, Worker};
+use crate::controller::rollout::cost::{
     DRAINED_COST, IDLE_COST, Reading, Sample, Work, busy_pods, cost_changes, expected_left,
 };
-use crate::controller::plan::drain::Candidate;
-use crate::controller::plan::grace::grace_seconds;
+use crate::controller::rollout::drain::Candidate;
+use crate::controller::rollout::grace::grace_seconds;
 use crate::prometheus::Connection;
 
 /// What the pool's last measurement knows that a ranking needs: how to reach its Prometheus

@@ -10,17 +10,18 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::context::{Context, MANAGER};
-use super::workers::{
+use crate::api::LanePool;
+use crate::controller::context::Context;
+use crate::controller::deployments::{
     TEMPLATE_HASH, counts_by_name, owned_by, pool_roles, spec_replicas, template_json,
     worker_deployments,
 };
-use crate::api::LanePool;
+use crate::controller::settings::MANAGER;
 use crate::sizing::Replicas;
 use crate::{Error, Result};
 
 /// One reconcile's writes to the pool's Deployments.
-pub(super) struct Deployments<'a> {
+pub(in crate::controller) struct Deployments<'a> {
     pool: &'a LanePool,
     ctx: &'a Context,
     api: Api<Deployment>,
@@ -31,7 +32,7 @@ pub(super) struct Deployments<'a> {
 }
 
 impl<'a> Deployments<'a> {
-    pub(super) fn new(
+    pub(in crate::controller) fn new(
         pool: &'a LanePool,
         ctx: &'a Context,
         live: &'a BTreeMap<String, Deployment>,
@@ -48,14 +49,14 @@ impl<'a> Deployments<'a> {
     }
 
     /// Applies `replicas` (see [`apply_deployments`]).
-    pub(super) async fn apply(&self, replicas: &Replicas) -> Result<()> {
+    pub(in crate::controller) async fn apply(&self, replicas: &Replicas) -> Result<()> {
         let (pool, ctx, api, live) = (self.pool, self.ctx, &self.api, self.live);
         apply_deployments(pool, ctx, api, live, replicas, self.applied.as_ref()).await
     }
 
     /// Removes the Deployments of lanes gone (`leave`) whose workers may go now; the others
     /// that no lane runs keep their workers until their shrink may go.
-    pub(super) async fn remove(&self, leave: &[String]) -> Result<()> {
+    pub(in crate::controller) async fn remove(&self, leave: &[String]) -> Result<()> {
         for name in leave {
             let Some(deployment) = self.live.get(name) else {
                 continue;
@@ -202,12 +203,12 @@ fn same_template(found: &Deployment, desired: &Deployment) -> bool {
     hash(found).is_some() && hash(found) == hash(desired)
 }
 
-pub(super) fn autoscaler_conflict(
+pub(in crate::controller) fn autoscaler_conflict(
     pool: &LanePool,
     ctx: &Context,
     namespace: &str,
 ) -> Result<Option<String>> {
-    let autoscalers = ctx.autoscalers(namespace);
+    let autoscalers = ctx.caches.autoscalers(namespace);
     let ours = pool_roles(pool, &Replicas::default());
     Ok(autoscalers.iter().find_map(|hpa| {
         let target = &hpa.spec.as_ref()?.scale_target_ref;

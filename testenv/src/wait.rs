@@ -1,0 +1,33 @@
+//! Small things every starter needs: a free port, and polling until something holds.
+
+use std::net::TcpListener;
+
+use crate::error::{Result, io};
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(io("finding a free port"))?
+        .port())
+}
+
+/// Polls `check` every 250 ms until it is true: how long that took, or `None` after `timeout`.
+pub async fn poll_until<F, Fut>(
+    timeout: std::time::Duration,
+    mut check: F,
+) -> Option<std::time::Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        if started.elapsed() >= timeout {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    Some(started.elapsed())
+}
