@@ -20,10 +20,10 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::act::rank::LastMeasured;
 use super::act::{apply, drain, rank, report, stand_in, takeover};
 use super::context::{Context, PoolKey};
-use super::observe::{inherited, measure, reads};
+use super::observe::work::{LastMeasured, Observed};
+use super::observe::{measure, reads};
 use super::pods::{self, PoolPods};
 use super::rollout::{self, Rules, grace};
 use super::state::{self, PoolMemory, STATUS_REFRESH, Start};
@@ -265,9 +265,14 @@ impl Walk<'_> {
         surge_ends: Duration,
     ) -> rollout::Release {
         let (pool, ctx) = (self.pool, self.ctx);
+        let measured = LastMeasured {
+            connection: memory.connection.as_ref(),
+            job_seconds: &memory.job_seconds,
+        };
+        let seen = Observed::new(pool, ctx, pods, measured);
         // What an earlier leader left in the workers: taken over, or ended, by the steps below.
         if !memory.inherited_read {
-            let inherited = inherited::read(pods).await;
+            let inherited = seen.inherited().await;
             if inherited.len() > 0 {
                 info!(
                     workers = inherited.len(),
@@ -278,17 +283,10 @@ impl Walk<'_> {
             inherited.adopt(&mut memory.drains, &mut memory.stand_ins, self.now);
             memory.inherited_read = true;
         }
-        let measured = LastMeasured {
-            connection: memory.connection.as_ref(),
-            job_seconds: &memory.job_seconds,
-        };
         // While a shrink waits for the surge, its workers that will stop stand in for the new
         // ones; once it goes, the drain takes those first, and sends back none it leaves.
         let stood_in = stand_in::stand_in_during_surges(
-            pool,
-            ctx,
-            pods,
-            measured,
+            &seen,
             &mut memory.stand_ins,
             &rollout.stand_ins,
             surge_ends,
@@ -297,10 +295,7 @@ impl Walk<'_> {
         .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
-        let floors = drain::drain_before_shrinks(
-            pool, ctx, pods, measured, drains, shrinks, &stood_in, self.now,
-        )
-        .await;
+        let floors = drain::drain_before_shrinks(&seen, drains, shrinks, &stood_in, self.now).await;
         let drains = &memory.drains;
         stand_in::end(pods, stood_in, |deployment, pod| {
             drains
@@ -311,10 +306,7 @@ impl Walk<'_> {
         // A template change: each new worker counts as available once an old one is idle.
         let shrinking = memory.drains.keys().cloned().collect();
         takeover::open_gates(
-            pool,
-            ctx,
-            pods,
-            measured,
+            &seen,
             &mut memory.rollovers,
             &shrinking,
             rules.drain,
@@ -333,7 +325,7 @@ impl Walk<'_> {
             let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
             let stopping = usize::try_from(stopping).unwrap_or(0);
             let shrink = (deployment.as_str(), stopping);
-            rank::rank_before_shrink(pool, ctx, pods, measured, shrink, &drained).await;
+            rank::rank_before_shrink(&seen, shrink, &drained).await;
         }
         release
     }

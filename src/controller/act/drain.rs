@@ -3,7 +3,7 @@
 //! (`POST /drain?seconds=N`), and that Deployment's shrink waits, across reconciles, until they
 //! report `lanepool_worker_busy 0` or the drain timeout ends; they then cost least to delete. A
 //! worker that does not drain (a 404, no answer, no `lanepool_worker_draining 1` in its answer)
-//! is ranked as before. Which workers, how long and what an answer means: `plan/drain.rs`.
+//! is ranked as before. Which workers, how long and what an answer means: `rollout/drain.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -12,9 +12,8 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::rank::{LastMeasured, candidates, rank_before_shrink, read_work};
-use crate::api::LanePool;
-use crate::controller::context::Context;
+use super::rank::rank_before_shrink;
+use crate::controller::observe::work::{Observed, candidates};
 use crate::controller::pods::read_answer;
 use crate::controller::pods::{PoolPods, Worker};
 use crate::controller::rollout::Shrink;
@@ -48,17 +47,14 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
 /// ([`Drain::floor`]): its live count while its drain holds (or its idle drained workers' costs
 /// are not yet in the Pod cache), then one more than decided for each drained worker not
 /// confirmed idle.
-#[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn drain_before_shrinks(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
+    seen: &Observed<'_>,
     drains: &mut BTreeMap<String, Drain>,
     shrinks: &[Shrink],
     standing_in: &BTreeMap<String, BTreeSet<String>>,
     now: Duration,
 ) -> BTreeMap<String, i32> {
+    let pods = seen.pods;
     for (deployment, drain) in drain::called_off(drains, shrinks) {
         // Best effort: a worker not reached now takes jobs again when its drain lapses. One
         // marked to go first loses the mark before it takes a job.
@@ -86,10 +82,7 @@ pub(in crate::controller) async fn drain_before_shrinks(
         let drain = drains.entry(shrink.deployment.clone()).or_default();
         let stood_in = standing_in.get(&shrink.deployment);
         let live = pods.workers_of(&shrink.deployment);
-        let floor = drain_among(
-            pool, ctx, pods, measured, drain, shrink, stood_in, &live, now,
-        )
-        .await;
+        let floor = drain_among(seen, drain, shrink, stood_in, &live, now).await;
         floors.insert(shrink.deployment.clone(), floor);
     }
     floors
@@ -98,22 +91,15 @@ pub(in crate::controller) async fn drain_before_shrinks(
 /// Advances `drain` for `shrink` among the workers `live` (a Deployment's, or the old template's
 /// in a rollover) and returns the fewest of them that may run now ([`Drain::floor`]; all of
 /// them while the costs are not yet in the Pod cache).
-#[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn drain_among(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
+    seen: &Observed<'_>,
     drain: &mut Drain,
     shrink: &Shrink,
     stood_in: Option<&BTreeSet<String>>,
     live: &[&Worker],
     now: Duration,
 ) -> i32 {
-    advance(
-        pool, ctx, pods, measured, drain, shrink, stood_in, live, now,
-    )
-    .await;
+    advance(seen, drain, shrink, stood_in, live, now).await;
     // The victims are certain before a shrink: the Pod cache shows deletion cost -1 on every
     // drained worker known idle, and on no other (a mark left by a drain called off, or by
     // an earlier leader). Until then the shrink waits a round (500 ms) and the costs are
@@ -128,7 +114,7 @@ pub(in crate::controller) async fn drain_among(
     if drain.costs_unseen {
         // Nothing stops yet: the shrink waits for the costs.
         let waiting = (shrink.deployment.as_str(), 0);
-        rank_before_shrink(pool, ctx, pods, measured, waiting, &idle).await;
+        rank_before_shrink(seen, waiting, &idle).await;
         return shrink.live;
     }
     floor
@@ -144,24 +130,21 @@ fn shows_drained_cost(worker: &Worker) -> bool {
 /// it shrinks to changed), ask them (again: a restarted worker drains anew, and the drain's
 /// lapse moves on). The workers that `stood_in` for the new ones are chosen first, as those
 /// already draining are: they were the pick all along.
-#[allow(clippy::too_many_arguments)]
 async fn advance(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
+    seen: &Observed<'_>,
     drain: &mut Drain,
     shrink: &Shrink,
     stood_in: Option<&BTreeSet<String>>,
     live: &[&Worker],
     now: Duration,
 ) {
+    let (pool, ctx, pods) = (seen.pool, seen.ctx, seen.pods);
     let deployment = shrink.deployment.as_str();
     drain.keep_live(live.iter().map(|w| w.name.as_str()));
     let starting = drain.starting(shrink);
     let mut called_back = Vec::new();
     if starting {
-        let Some(reading) = read_work(pool, ctx, pods, measured, deployment, live).await else {
+        let Some(reading) = seen.work(deployment, live).await else {
             // Unknown means hold: without a reading no worker is known idle, so none is
             // chosen and the shrink waits (its floor is its live count) until one answers.
             warn!(

@@ -2,9 +2,9 @@
 //! deletion costs and readiness gates (`stand_in.rs`, `drain.rs`, `rank.rs`, `takeover.rs`), and
 //! the status and events (`report.rs`).
 
-pub(in crate::controller) mod apply;
-pub(in crate::controller) mod drain;
-pub(in crate::controller) mod rank;
-pub(in crate::controller) mod report;
-pub(in crate::controller) mod stand_in;
-pub(in crate::controller) mod takeover;
+pub(super) mod apply;
+pub(super) mod drain;
+pub(super) mod rank;
+pub(super) mod report;
+pub(super) mod stand_in;
+pub(super) mod takeover;

@@ -1,122 +1,38 @@
 //! Idle workers go first: just before a Deployment shrinks, its Pods get the annotation
 //! `controller.kubernetes.io/pod-deletion-cost` from what each worker is doing (the cost model is
-//! `plan/cost.rs`), so the ReplicaSet controller removes idle workers first, then those whose jobs
-//! should end soonest. Each worker is asked itself (the freshest answer: a scrape is up to a
-//! scrape interval old, longer than many jobs); one that does not answer in time is read from the
-//! pool's Prometheus instead. Only workers of a Deployment about to shrink are read or written,
+//! `rollout/cost.rs`), so the ReplicaSet controller removes idle workers first, then those whose
+//! jobs should end soonest. What each worker is doing comes from `observe/work.rs`: the worker
+//! itself (the freshest answer: a scrape is up to a scrape interval old, longer than many jobs),
+//! or the pool's Prometheus for one that does not answer in time. Only workers of a Deployment about to shrink are read or written,
 //! and only those whose cost changes; a failure here never holds a shrink back.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::BTreeSet;
 
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use crate::api::LanePool;
-use crate::controller::context::Context;
-use crate::controller::observe::measure::busy_workers;
-use crate::controller::pods::parse_gauges;
-use crate::controller::pods::{PoolPods, Worker};
+use crate::controller::observe::work::Observed;
 use crate::controller::rollout::cost::{
-    DRAINED_COST, IDLE_COST, Reading, Sample, Work, busy_pods, cost_changes, expected_left,
+    DRAINED_COST, IDLE_COST, Reading, Work, cost_changes, expected_left,
 };
-use crate::controller::rollout::drain::Candidate;
 use crate::controller::rollout::grace::grace_seconds;
-use crate::prometheus::Connection;
-
-/// What the pool's last measurement knows that a ranking needs: how to reach its Prometheus
-/// (for workers that do not answer) and every lane's mean job time.
-#[derive(Clone, Copy, Debug)]
-pub(in crate::controller) struct LastMeasured<'m> {
-    pub(in crate::controller) connection: Option<&'m Connection>,
-    pub(in crate::controller) job_seconds: &'m BTreeMap<String, f64>,
-}
-
-/// Asks each worker that has a metrics port for its gauges; the answers, labelled by pod name.
-async fn ask_workers(pods: &PoolPods<'_>, workers: &[&Worker]) -> (Vec<Sample>, Vec<Sample>) {
-    pods.metrics_texts(workers).await.into_iter().fold(
-        Default::default(),
-        |(mut busy, mut started), (name, answered)| {
-            let (b, s) = parse_gauges(&answered.text, &name);
-            busy.extend(b);
-            started.extend(s);
-            (busy, started)
-        },
-    )
-}
-
-/// Asks each of `live` (and Prometheus for those that do not answer) what it is doing; `None`
-/// when no one could say.
-pub(in crate::controller) async fn read_work(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
-    deployment: &str,
-    live: &[&Worker],
-) -> Option<Reading> {
-    // Each worker asked now, and Prometheus (a scrape old) only for those that did not answer.
-    let (busy, job_started) = ask_workers(pods, live).await;
-    let mut work = busy_pods(&busy, &job_started);
-    let answered = work.len();
-    if live.iter().any(|w| !work.contains_key(&w.name)) {
-        match busy_workers(ctx, measured.connection, pool, deployment).await {
-            Some((busy, job_started)) => {
-                for (pod, scraped) in busy_pods(&busy, &job_started) {
-                    work.entry(pod).or_insert(scraped);
-                }
-            }
-            None if answered == 0 => return None,
-            None => {}
-        }
-    }
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
-    Some(Reading {
-        work,
-        job_seconds: measured.job_seconds.clone(),
-        now,
-        answered,
-    })
-}
-
-/// The workers of `live` as a drain or the stand-ins choose among them: ready or not, and their
-/// idle-first cost in `reading`; `chosen` names those already chosen (they stay first).
-pub(in crate::controller) fn candidates(
-    reading: &Reading,
-    live: &[&Worker],
-    chosen: impl Fn(&str) -> bool,
-) -> Vec<Candidate> {
-    live.iter()
-        .map(|w| Candidate {
-            name: w.name.clone(),
-            ready: w.ready,
-            cost: reading.cost(&w.name),
-            draining: chosen(&w.name),
-        })
-        .collect()
-}
 
 /// Ranks the workers of `deployment` for deletion, the `drained` ones first of all: no other Pod
 /// is asked or annotated, and counts in `busy_workers_stopped` the busy ones among the
 /// `stopping` that cost least (the shrink that follows stops them). Logs and gives up on any
 /// failure: the shrink goes ahead either way, as it would without this step.
 pub(in crate::controller) async fn rank_before_shrink(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
+    seen: &Observed<'_>,
     (deployment, stopping): (&str, usize),
     drained: &BTreeSet<String>,
 ) {
+    let (pool, ctx, pods) = (seen.pool, seen.ctx, seen.pods);
     let started = std::time::Instant::now();
     let live = pods.workers_of(deployment);
     if live.is_empty() {
         return;
     }
-    let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+    let Some(reading) = seen.work(deployment, &live).await else {
         warn!(
             deployment,
             "Pods not ranked before the shrink: no worker answered"

@@ -12,9 +12,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{debug, info};
 
-use super::rank::{LastMeasured, candidates, read_work};
-use crate::api::LanePool;
-use crate::controller::context::Context;
+use crate::controller::observe::work::{Observed, candidates};
 use crate::controller::pods::gauge_values;
 use crate::controller::pods::{PoolPods, Worker};
 use crate::controller::protocol::STANDING_IN_METRIC;
@@ -66,17 +64,14 @@ async fn ask(
 /// Starts (or re-chooses) the stand-ins of the shrinks waiting for the surge (`waiting`), each
 /// asked until `surge_ends` and a margin. Returns the stand-ins of the shrinks that no longer
 /// wait, by Deployment: the drain prefers them, and [`end`] sends back those it does not take.
-#[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn stand_in_during_surges(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
+    seen: &Observed<'_>,
     stand_ins: &mut BTreeMap<String, StandIns>,
     waiting: &[StandIn],
     surge_ends: Duration,
     now: Duration,
 ) -> BTreeMap<String, BTreeSet<String>> {
+    let (pool, ctx, pods) = (seen.pool, seen.ctx, seen.pods);
     let ended = stand_in::ended(stand_ins, waiting)
         .into_iter()
         .map(|(deployment, s)| (deployment, s.pods))
@@ -95,7 +90,7 @@ pub(in crate::controller) async fn stand_in_during_surges(
             set.started = true;
             continue;
         }
-        let Some(reading) = read_work(pool, ctx, pods, measured, deployment, &live).await else {
+        let Some(reading) = seen.work(deployment, &live).await else {
             debug!(deployment, "no stand-ins: no worker answered");
             set.started = true;
             continue;

@@ -11,10 +11,8 @@ use std::time::Duration;
 use tracing::info;
 
 use super::drain::drain_among;
-use super::rank::LastMeasured;
-use crate::api::LanePool;
-use crate::controller::context::Context;
 use crate::controller::deployments::pool_roles;
+use crate::controller::observe::work::Observed;
 use crate::controller::pods::{PodPart, PoolPods, Worker};
 use crate::controller::protocol::TAKEOVER_CONDITION;
 use crate::controller::rollout::drain::Drain;
@@ -30,17 +28,14 @@ const REPLACES: &str = "OlderWorkerDrained";
 /// drains (otherwise every gate opens at once, and the Deployment controller stops old workers
 /// as ranked). A Deployment with a shrink's drain under way (`shrinking`) waits for it: the two
 /// would mark each other's workers.
-#[allow(clippy::too_many_arguments)]
 pub(in crate::controller) async fn open_gates(
-    pool: &LanePool,
-    ctx: &Context,
-    pods: &PoolPods<'_>,
-    measured: LastMeasured<'_>,
+    seen: &Observed<'_>,
     rollovers: &mut BTreeMap<String, Drain>,
     shrinking: &BTreeSet<String>,
     drain: bool,
     now: Duration,
 ) {
+    let (pool, pods) = (seen.pool, seen.pods);
     let deployments: BTreeSet<String> = pods
         .workers()
         .iter()
@@ -75,7 +70,7 @@ pub(in crate::controller) async fn open_gates(
         let rollover = takeover::rollover(&deployment, old.len(), waiting.len(), lanes);
         let drain = rollovers.entry(deployment.clone()).or_default();
         drain.rollover = true;
-        drain_among(pool, ctx, pods, measured, drain, &rollover, None, &old, now).await;
+        drain_among(seen, drain, &rollover, None, &old, now).await;
         let n = takeover::gates_to_open(&rollover, drain, waiting.len(), now);
         if n > 0 {
             info!(

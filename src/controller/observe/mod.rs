@@ -1,6 +1,8 @@
-//! Everything a reconcile reads, once: the lanes' load from Prometheus and the workers' own
-//! counts (`measure.rs`, `reads.rs`), and what the workers say they are doing (`inherited.rs`).
+//! Everything a reconcile reads from outside the watch caches: the lanes' load from Prometheus
+//! and the workers' own counts when the pool is due (`measure.rs`, `reads.rs`), and what the
+//! workers are doing when a step chooses whom to drain, stand in or stop (`work.rs`). Each worker
+//! is asked at most once per reconcile, and Prometheus at most once per query.
 
-pub(in crate::controller) mod inherited;
-pub(in crate::controller) mod measure;
-pub(in crate::controller) mod reads;
+pub(super) mod measure;
+pub(super) mod reads;
+pub(super) mod work;

@@ -9,6 +9,7 @@
 pub(super) mod cost;
 pub(super) mod drain;
 pub(super) mod grace;
+pub(super) mod inherited;
 mod shrink;
 pub(super) mod stand_in;
 mod step;

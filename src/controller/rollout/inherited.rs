@@ -9,11 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::controller::pods::gauge_values;
-use crate::controller::pods::{PoolPods, Worker};
-use crate::controller::protocol::{DRAINING_METRIC, STANDING_IN_METRIC};
-use crate::controller::rollout::drain::{Drain, Drained};
-use crate::controller::rollout::stand_in::StandIns;
+use super::drain::{Drain, Drained};
+use super::stand_in::StandIns;
 
 /// The workers that say they drain or stand in, by Deployment, as this process found them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -22,44 +19,11 @@ pub(in crate::controller) struct Inherited {
     pub(in crate::controller) standing_in: BTreeMap<String, BTreeSet<String>>,
 }
 
-/// Whether a worker's `/metrics` text sets `gauge` above 0.
-fn says(text: &str, gauge: &str) -> bool {
-    gauge_values(text, gauge).iter().any(|v| *v > 0.0)
-}
-
-/// Asks the pool's workers (the reconcile's one `/metrics` answer each) whether they drain or
-/// stand in. A worker that does not answer is left to its lapse.
-pub(in crate::controller) async fn read(pods: &PoolPods<'_>) -> Inherited {
-    let workers: Vec<&Worker> = pods.workers().iter().collect();
-    let deployment: BTreeMap<&str, &str> = workers
-        .iter()
-        .map(|w| (w.name.as_str(), w.deployment.as_str()))
-        .collect();
-    let mut inherited = Inherited::default();
-    for (name, answered) in pods.metrics_texts(&workers).await {
-        let Some(deployment) = deployment.get(name.as_str()) else {
-            continue;
-        };
-        for (gauge, found) in [
-            (DRAINING_METRIC, &mut inherited.draining),
-            (STANDING_IN_METRIC, &mut inherited.standing_in),
-        ] {
-            if says(&answered.text, gauge) {
-                found
-                    .entry(deployment.to_string())
-                    .or_default()
-                    .insert(name.clone());
-            }
-        }
-    }
-    inherited
-}
-
 impl Inherited {
     /// Takes the inherited drains and stand-ins over as this process's own, not yet started, for
     /// the Deployments that have none: the next steps treat them as any drain or stand-in of
     /// theirs. One whose Deployment shrinks now is started with its workers chosen first (see
-    /// `plan::drain::choose`); the others are called off, and their workers asked at once to
+    /// `rollout::drain::choose`); the others are called off, and their workers asked at once to
     /// take their own lanes' jobs again (`seconds=0`).
     pub(in crate::controller) fn adopt(
         self,
@@ -135,8 +99,5 @@ mod tests {
         );
         assert_eq!(stand_ins["jobs-shared"].pods, set(&["d"]));
         assert!(!stand_ins["jobs-shared"].started);
-        assert!(says("lanepool_worker_draining 1\n", DRAINING_METRIC));
-        assert!(!says("lanepool_worker_draining 0\n", DRAINING_METRIC));
-        assert!(!says("lanepool_worker_draining_total 1\n", DRAINING_METRIC));
     }
 }
