@@ -10,6 +10,8 @@ pub(super) mod cost;
 pub(super) mod drain;
 pub(super) mod grace;
 pub(super) mod inherited;
+#[cfg(test)]
+mod properties;
 mod shrink;
 pub(super) mod stand_in;
 mod step;
