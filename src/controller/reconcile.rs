@@ -23,9 +23,9 @@ use tracing::{Instrument, info, info_span, warn};
 use super::act::{apply, drain, rank, report, stand_in, takeover};
 use super::context::{Context, PoolKey};
 use super::observe::work::{LastMeasured, Observed};
-use super::observe::{measure, reads};
+use super::observe::{autoscalers, measure, reads};
 use super::pods::{self, PoolPods};
-use super::rollout::{self, Rules, grace};
+use super::rollout::{self, Rules, Settled, grace};
 use super::state::{self, PoolMemory, STATUS_REFRESH, Start};
 use super::{caches, deployments, settings, status};
 use crate::api::{LanePool, LanePoolStatus};
@@ -159,19 +159,29 @@ impl Walk<'_> {
         let surge_ends = memory.surge_since.unwrap_or(now) + ctx.settings.surge_timeout;
         let last = memory.applied.clone().or(start.current.clone());
         let deployments = apply::Deployments::new(pool, ctx, &live, last);
-        // Apply the growth, alone, before any shrinking Deployment's Pod is asked anything.
+        // Act: the growth, alone, before any shrinking Deployment's Pod is asked anything.
         if let Some(growth) = &rollout.growth {
             deployments.apply(growth).await?;
         }
-        // Stand in, drain, then rank: a shrink waits for the workers it stops, and goes idle
-        // workers first.
-        let release = self
-            .drain_and_rank(&pods, memory, &live, &rollout, rules, surge_ends)
+        // Act: the stand-ins, the drains and the readiness gates, each worker read once.
+        // What the last measurement knows, as the steps found it (they change the memory).
+        let (connection, job_seconds) = (memory.connection.clone(), memory.job_seconds.clone());
+        let measured = LastMeasured {
+            connection: connection.as_ref(),
+            job_seconds: &job_seconds,
+        };
+        let seen = Observed::new(pool, ctx, &pods, measured);
+        let floors = self
+            .stand_in_and_drain(&seen, memory, &rollout, rules, surge_ends)
             .await;
-        // Apply the rest; remove what no lane runs once its workers may go.
+        // Roll out, the second half: what goes out now that the drains answered.
+        let Settled { release, held } =
+            rollout.settle(pool, &live, &floors, &memory.drains, (surge_ends, now));
+        // Act: rank the Pods of what shrinks now, idle workers first; apply the rest; remove
+        // what no lane runs once its workers may go.
+        self.rank(&seen, memory, &live, &release).await;
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
-        let held = rollout.held(pool, &target, &release, &memory.drains, surge_ends, now);
         let running = release.replicas.clone();
         memory.rolled_out(release, generation);
         // Report, with what runs beside what was decided.
@@ -252,24 +262,17 @@ impl Walk<'_> {
         Ok(decision)
     }
 
-    /// Advances the stand-ins of the shrinks waiting for the surge (until `surge_ends`) and the
-    /// drains (calling off those whose shrink is gone), then ranks each Deployment that shrinks
-    /// now, its drained workers first; returns what goes out.
-    async fn drain_and_rank(
+    /// Advances the stand-ins of the shrinks waiting for the surge (until `surge_ends`), the
+    /// drains (calling off those whose shrink is gone) and the rollovers' readiness gates;
+    /// returns the fewest workers each shrinking Deployment may run now.
+    async fn stand_in_and_drain(
         &self,
-        pods: &PoolPods<'_>,
+        seen: &Observed<'_>,
         memory: &mut PoolMemory,
-        live: &BTreeMap<String, Deployment>,
         rollout: &rollout::Rollout,
         rules: Rules,
         surge_ends: Duration,
-    ) -> rollout::Release {
-        let (pool, ctx) = (self.pool, self.ctx);
-        let measured = LastMeasured {
-            connection: memory.connection.as_ref(),
-            job_seconds: &memory.job_seconds,
-        };
-        let seen = Observed::new(pool, ctx, pods, measured);
+    ) -> BTreeMap<String, i32> {
         // What an earlier leader left in the workers: taken over, or ended, by the steps below.
         if !memory.inherited_read {
             let inherited = seen.inherited().await;
@@ -286,7 +289,7 @@ impl Walk<'_> {
         // While a shrink waits for the surge, its workers that will stop stand in for the new
         // ones; once it goes, the drain takes those first, and sends back none it leaves.
         let stood_in = stand_in::stand_in_during_surges(
-            &seen,
+            seen,
             &mut memory.stand_ins,
             &rollout.stand_ins,
             surge_ends,
@@ -295,9 +298,9 @@ impl Walk<'_> {
         .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
-        let floors = drain::drain_before_shrinks(&seen, drains, shrinks, &stood_in, self.now).await;
+        let floors = drain::drain_before_shrinks(seen, drains, shrinks, &stood_in, self.now).await;
         let drains = &memory.drains;
-        stand_in::end(pods, stood_in, |deployment, pod| {
+        stand_in::end(seen.pods, stood_in, |deployment, pod| {
             drains
                 .get(deployment)
                 .is_some_and(|d| d.pods.contains_key(pod))
@@ -306,15 +309,25 @@ impl Walk<'_> {
         // A template change: each new worker counts as available once an old one is idle.
         let shrinking = memory.drains.keys().cloned().collect();
         takeover::open_gates(
-            &seen,
+            seen,
             &mut memory.rollovers,
             &shrinking,
             rules.drain,
             self.now,
         )
         .await;
-        let release = rollout.release(pool, live, &floors, rules);
-        let to = deployments::counts_by_name(pool, Some(&release.replicas));
+        floors
+    }
+
+    /// Ranks the Pods of each Deployment that shrinks with `release`, its drained workers first.
+    async fn rank(
+        &self,
+        seen: &Observed<'_>,
+        memory: &PoolMemory,
+        live: &BTreeMap<String, Deployment>,
+        release: &rollout::Release,
+    ) {
+        let to = deployments::counts_by_name(self.pool, Some(&release.replicas));
         for deployment in &release.shrinking {
             let drained = memory
                 .drains
@@ -325,9 +338,8 @@ impl Walk<'_> {
             let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
             let stopping = usize::try_from(stopping).unwrap_or(0);
             let shrink = (deployment.as_str(), stopping);
-            rank::rank_before_shrink(&seen, shrink, &drained).await;
+            rank::rank_before_shrink(seen, shrink, &drained).await;
         }
-        release
     }
 
     /// Reports a decision: conditions (the autoscaler check and the grace period among them),
@@ -341,7 +353,7 @@ impl Walk<'_> {
     ) -> Result<()> {
         let (pool, ctx) = (self.pool, self.ctx);
         let namespace = pool.namespace().unwrap_or_default();
-        let hpa = apply::autoscaler_conflict(pool, ctx, &namespace)?;
+        let hpa = autoscalers::autoscaler_conflict(pool, ctx, &namespace);
         let mut conditions = status::decision_conditions(decision, hpa);
         let grace = grace::grace_seconds(pool);
         conditions.push(grace::grace_condition(grace, &memory.job_seconds));

@@ -13,8 +13,7 @@ use tracing::info;
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::deployments::{
-    TEMPLATE_HASH, counts_by_name, owned_by, pool_roles, spec_replicas, template_json,
-    worker_deployments,
+    TEMPLATE_HASH, counts_by_name, owned_by, spec_replicas, template_json, worker_deployments,
 };
 use crate::controller::settings::MANAGER;
 use crate::sizing::Replicas;
@@ -201,25 +200,6 @@ fn covers(live: &serde_json::Value, ours: &serde_json::Value) -> bool {
 fn same_template(found: &Deployment, desired: &Deployment) -> bool {
     let hash = |d: &Deployment| d.metadata.annotations.as_ref()?.get(TEMPLATE_HASH).cloned();
     hash(found).is_some() && hash(found) == hash(desired)
-}
-
-pub(in crate::controller) fn autoscaler_conflict(
-    pool: &LanePool,
-    ctx: &Context,
-    namespace: &str,
-) -> Result<Option<String>> {
-    let autoscalers = ctx.caches.autoscalers(namespace);
-    let ours = pool_roles(pool, &Replicas::default());
-    Ok(autoscalers.iter().find_map(|hpa| {
-        let target = &hpa.spec.as_ref()?.scale_target_ref;
-        let (name, _, _) = ours
-            .iter()
-            .find(|(name, _, _)| target.kind == "Deployment" && *name == target.name)?;
-        Some(format!(
-            "HorizontalPodAutoscaler {} targets Deployment {name}: lanepool owns its replicas and undoes the autoscaler's changes; delete the autoscaler",
-            hpa.name_any(),
-        ))
-    }))
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
-//! Everything a reconcile reads from outside the watch caches: the lanes' load from Prometheus
+//! Everything a reconcile reads beyond its Deployments and Pods: the lanes' load from Prometheus
 //! and the workers' own counts when the pool is due (`measure.rs`, `reads.rs`), and what the
-//! workers are doing when a step chooses whom to drain, stand in or stop (`work.rs`). Each worker
+//! workers are doing when a step chooses whom to drain, stand in or stop (`work.rs`), and the autoscalers that would fight it (`autoscalers.rs`). Each worker
 //! is asked at most once per reconcile, and Prometheus at most once per query.
 
+pub(super) mod autoscalers;
 pub(super) mod measure;
 pub(super) mod reads;
 pub(super) mod work;

@@ -19,4 +19,4 @@ pub(super) mod surge;
 pub(super) mod takeover;
 
 pub(super) use shrink::{Shrink, StandIn, lanes_of};
-pub(super) use step::{Held, Release, Rollout, Rules, Surge, WaitsFor, rollout};
+pub(super) use step::{Held, Release, Rollout, Rules, Settled, Surge, WaitsFor, rollout};

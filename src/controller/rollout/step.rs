@@ -59,6 +59,17 @@ pub(in crate::controller) struct Rollout {
     /// The Deployments no lane runs any more: (name, what it runs, what this step gives it: 0
     /// once the surge lets it go).
     pub(in crate::controller) leaving: Vec<(String, i32, i32)>,
+    /// The counts decided, and the rules the step follows: what [`Rollout::settle`] needs.
+    pub(in crate::controller) decided: Replicas,
+    pub(in crate::controller) rules: Rules,
+}
+
+/// The rollout's second half: what goes out now that the drains answered, and the shrinks that
+/// still wait.
+#[derive(Clone, Debug, PartialEq)]
+pub(in crate::controller) struct Settled {
+    pub(in crate::controller) release: Release,
+    pub(in crate::controller) held: Vec<Held>,
 }
 
 /// A shrink that waits: its Deployment, the count it runs and the one decided, what it waits for
@@ -220,10 +231,29 @@ pub(in crate::controller) fn rollout(
         growth,
         not_ready,
         leaving: leaving_step,
+        decided: decided.clone(),
+        rules,
     }
 }
 
 impl Rollout {
+    /// The one step back into the plan, once the drains answered (`floors`: the fewest workers
+    /// each shrinking Deployment may run now; `drains`: where each drain stands): what goes out
+    /// now ([`Self::release`]), and what still waits for its drained workers or for the surge,
+    /// which waits until `surge_ends` at the latest ([`Self::held`]).
+    pub(in crate::controller) fn settle(
+        &self,
+        pool: &LanePool,
+        live: &BTreeMap<String, Deployment>,
+        floors: &BTreeMap<String, i32>,
+        drains: &BTreeMap<String, drain::Drain>,
+        (surge_ends, now): (Duration, Duration),
+    ) -> Settled {
+        let release = self.release(pool, live, floors, self.rules);
+        let held = self.held(pool, &self.decided, &release, drains, surge_ends, now);
+        Settled { release, held }
+    }
+
     /// The shrinks that still wait once `release` goes out, towards `decided`: for their drained
     /// workers (`drains`), or for the surge, which waits until `surge_ends` at the latest.
     pub(in crate::controller) fn held(

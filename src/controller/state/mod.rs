@@ -395,6 +395,12 @@ mod tests {
             growth: None,
             not_ready: vec![],
             leaving: vec![],
+            decided: Replicas::default(),
+            rules: crate::controller::rollout::Rules {
+                surge_timeout: Duration::from_secs(120),
+                rank: true,
+                drain: true,
+            },
         }
     }
 
