@@ -17,6 +17,9 @@ use super::takeover::{gates_to_open, rollover};
 
 const CAP: Duration = Duration::from_secs(120);
 
+/// One reconcile of a drain: how many seconds after the last, and what each worker answered.
+type Round = (u64, Vec<Option<Answer>>);
+
 fn answer() -> impl Strategy<Value = Answer> {
     prop_oneof![
         3 => any::<bool>().prop_map(|busy| Answer::Draining { busy }),
@@ -27,7 +30,7 @@ fn answer() -> impl Strategy<Value = Answer> {
 
 /// A shrink of `live` workers to `to`, its workers' readiness and idle-first costs, and rounds
 /// of (seconds later, an answer for each worker: `None` when it was not asked or said nothing).
-fn history() -> impl Strategy<Value = (Shrink, Vec<Candidate>, Vec<(u64, Vec<Option<Answer>>)>)> {
+fn history() -> impl Strategy<Value = (Shrink, Vec<Candidate>, Vec<Round>)> {
     (1i32..12)
         .prop_flat_map(|live| (Just(live), 0..live))
         .prop_flat_map(|(live, to)| {
