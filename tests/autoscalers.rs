@@ -20,6 +20,7 @@ use lanepool_testenv::{
     LaneQueue, TestPrometheus, example, http_get,
 };
 use serde_json::json;
+use testenv::until;
 
 /// The pool's interval: lanepool decides (and restores its Deployments) this often.
 const INTERVAL: Duration = Duration::from_secs(5);
@@ -261,16 +262,6 @@ fn docs_yaml(n: usize) -> String {
         .and_then(|block| block.split("```").next())
         .unwrap_or_else(|| panic!("no YAML block {n} in the section"))
         .to_string()
-}
-
-async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    testenv::poll_until(Duration::from_secs(seconds), check)
-        .await
-        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
 }
 
 /// What the pool did while a backlog built and drained under an autoscaler.

@@ -21,6 +21,7 @@ use lanepool::crd::{lanepool_crd, lanepool_crd_chart_template};
 use lanepool::prometheus::AllowedUrls;
 use lanepool_testenv::{self as testenv, InProcessOperator, SimulatedWorkers, TestPrometheus};
 use serde_json::{Value, json};
+use testenv::until;
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lanepool");
 /// `helm template` assumes Kubernetes 1.20 unless told; the chart requires 1.30 or later.
@@ -710,16 +711,6 @@ fn forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) {
         Err(kube::Error::Api(status)) if status.is_forbidden() => {}
         other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
     }
-}
-
-/// Polls `check` every 250 ms until it is true, or fails after `seconds`.
-async fn until<F, Fut>(seconds: u64, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let took = testenv::poll_until(Duration::from_secs(seconds), &mut check).await;
-    assert!(took.is_some(), "{what}: not within {seconds} s");
 }
 
 /// Installs the chart (release `release`, watching `watch` or every namespace), runs the

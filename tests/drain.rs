@@ -22,6 +22,7 @@ use lanepool_testenv::{
     self as testenv, Controllers, InProcessOperator, LaneQueue, TestPrometheus, example, http_get,
 };
 use serde_json::json;
+use testenv::until;
 
 /// Each batch job: long enough that a drained worker is still busy well after the new reserved
 /// workers are ready, ten times the grace period.
@@ -385,16 +386,6 @@ fn start_queue(namespace: &str) -> LaneQueue {
         "--batch-rate=0".into(),
         format!("--batch-ms={ms}..{ms}"),
     ])
-}
-
-async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    testenv::poll_until(Duration::from_secs(seconds), check)
-        .await
-        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
 }
 
 /// What one saturated shrink did.

@@ -18,6 +18,7 @@ use lanepool_testenv::{
     self as testenv, DeploymentReadiness, InProcessOperator, SimulatedWorkers, TestPrometheus,
 };
 use serde_json::json;
+use testenv::until;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One test's world: a namespace of the shared control plane, simulated workers that
@@ -176,16 +177,6 @@ impl World {
 
 fn labels(pool: &str, role: &str) -> serde_json::Value {
     json!({"lanepool.dev/pool": pool, "lanepool.dev/role": role})
-}
-
-async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    testenv::poll_until(Duration::from_secs(seconds), check)
-        .await
-        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
 }
 
 /// How a hostile worker answers.

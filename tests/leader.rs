@@ -10,6 +10,7 @@ use kube::Api;
 use kube::api::PostParams;
 use lanepool::api::LanePool;
 use lanepool_testenv as testenv;
+use testenv::until as wait_for;
 
 /// An operator process, stopped when the test ends however it ends.
 struct Operator {
@@ -91,15 +92,6 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
         .ok()??
         .spec?
         .holder_identity
-}
-
-async fn wait_for<F, Fut>(seconds: u64, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let took = testenv::poll_until(Duration::from_secs(seconds), &mut check).await;
-    assert!(took.is_some(), "{what}: not within {seconds} s");
 }
 
 /// The example pool, named `name`.

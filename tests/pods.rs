@@ -17,6 +17,7 @@ use lanepool_testenv::{
     self as testenv, Controllers, InProcessOperator, SimulatedWorkers, TestPrometheus,
 };
 use serde_json::json;
+use testenv::until;
 
 /// One test's world: a namespace of the shared control plane (with its controller-manager),
 /// simulated workers, Prometheus and a running controller.
@@ -177,16 +178,6 @@ impl World {
 
 /// The first lines of the requests a Pod's worker answered, with when they came.
 type Requests = Arc<Mutex<Vec<(Instant, String)>>>;
-
-async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    testenv::poll_until(Duration::from_secs(seconds), check)
-        .await
-        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
-}
 
 const RESERVED: &str = "lanepool.dev/pool=jobs,lanepool.dev/role=reserved";
 /// The container port named `metrics` where a worker answers for itself.

@@ -41,5 +41,5 @@ pub use readiness::DeploymentReadiness;
 pub use redis::{Reply, TestRedis};
 pub use registry::TestRegistry;
 pub use tools::{python_program, python_venv, tool, tools_dir};
-pub use wait::{free_port, poll_until};
+pub use wait::{free_port, poll_until, until};
 pub use worker_metrics::{SimulatedWorkers, serve_metrics};

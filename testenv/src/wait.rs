@@ -31,3 +31,15 @@ where
     }
     Some(started.elapsed())
 }
+
+/// Polls `check` every 250 ms until it is true: how long that took. Fails the test, naming
+/// `what`, after `seconds`.
+pub async fn until<F, Fut>(seconds: u64, what: &str, check: F) -> std::time::Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    poll_until(std::time::Duration::from_secs(seconds), check)
+        .await
+        .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
+}
