@@ -1,7 +1,7 @@
 //! An example lane worker: the program a LanePool's pods run, written to be copied.
 //!
 //! The operator runs two kinds of Deployment per pool and tells each worker what it is through
-//! its environment (see `src/controller/workers.rs`):
+//! its environment (see `src/controller/deployments.rs`):
 //!
 //! | env var              | reserved worker      | shared worker                     |
 //! | -------------------- | -------------------- | --------------------------------- |

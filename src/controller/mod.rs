@@ -119,7 +119,7 @@ pub async fn run(
             // The pools' Pods (only what a reconcile reads of them) and their ReplicaSets'
             // metadata (whose each Pod is), grouped by pool: no reconcile lists or scans either.
             // A Pod waiting only for its readiness gate reconciles its pool at once: the gate
-            // opens there (`pods/takeover.rs`), and the Pod counts as ready only then.
+            // opens there (`act/takeover.rs`), and the Pod counts as ready only then.
             let pod_cache = Arc::new(PoolIndex::default());
             let pod_index = pod_cache.clone();
             let pod_triggers = watcher(pods, watcher::Config::default().labels(POOL_LABEL))

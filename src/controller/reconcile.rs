@@ -1,14 +1,18 @@
-//! One reconcile of one LanePool, as one forward walk: **read** its Deployments (watch cache) and
-//! **step** (is it due, what does it run: `memory/`); when due, **measure** (Prometheus and the
-//! workers' own counts at once, then every lane's job time) and **decide** (`crate::sizing`);
-//! **plan** the rollout (`plan/`: growth first, a shrink after the surge and its drain); **apply
-//! the growth**; while a shrink waits for it, have the workers it will stop **stand in** for
-//! the new ones (`pods/stand_in.rs`); **drain** the workers a shrink stops (`pods/drain.rs`);
-//! **rank** the Pods of the Deployments that shrink now (`pods/rank.rs`); **apply the rest**; **report** the decision
-//! (`report.rs`); **requeue**. Each stage is entered once, and the pool's memory is written back
-//! at one point whatever the walk's outcome. Errors the CRD cannot catch (a missing Secret, a URL
-//! not allowed, a name taken) set Ready=False and are retried with backoff, without touching
-//! other pools.
+//! One reconcile of one LanePool, as one forward walk through four kinds of stage:
+//! - **observe**: the pool's Deployments and Pods from the watch caches (`caches.rs`, `pods/`);
+//!   when the pool is due, the lanes' load from Prometheus and the workers' own counts at once
+//!   (`observe/measure.rs`, `observe/reads.rs`); what the workers are doing, when a step chooses
+//!   whom to stop (`observe/work.rs`, each worker asked at most once per reconcile);
+//! - **decide** (`crate::sizing`) and **roll out** (`rollout/`), without I/O: the counts, then
+//!   this step's growth, stand-ins and drains ([`rollout::rollout`]), and once the drains have
+//!   answered, what goes out and what still waits ([`rollout::Rollout::settle`]);
+//! - **act** (`act/`): the growth first and alone; the stand-ins, drains and readiness gates;
+//!   the ranking of what shrinks now; the rest of the counts; the status and events;
+//! - **requeue**.
+//!
+//! The pool's carried state (`state/`) is written back at one point whatever the walk's outcome.
+//! Errors the CRD cannot catch (a missing Secret, a URL not allowed, a name taken) set
+//! Ready=False and are retried with backoff, without touching other pools.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -128,7 +132,7 @@ impl Walk<'_> {
     async fn run(&self, sizing: &PoolSizing, memory: &mut PoolMemory) -> Result<Duration> {
         let (pool, ctx, now) = (self.pool, self.ctx, self.now);
         let generation = pool.metadata.generation;
-        // Read and step.
+        // Observe the Deployments (watch cache), and step the carried state: is the pool due?
         let live = self.read_deployments(memory);
         let period = state::period(self.interval, &pool.uid().unwrap_or_default());
         let start = memory.start(generation, period, now, || {
@@ -140,7 +144,7 @@ impl Walk<'_> {
         // The pool's own workers: only Pods its Deployments' ReplicaSets control are asked
         // anything. All Pod I/O of this reconcile (reads, drains, ranking) ends within one budget.
         let pods = PoolPods::new(ctx, pool, live.values(), pods::budget(self.interval));
-        // Measure and decide, when due.
+        // Observe the lanes' load and decide, when due.
         let decision = match start.due {
             true => Some(
                 self.measure_and_decide(sizing, &start, &pods, memory)
@@ -148,7 +152,7 @@ impl Walk<'_> {
             ),
             false => None,
         };
-        // Plan.
+        // Roll out, the first half: this step's growth, stand-ins and drains.
         let rules = rules(ctx);
         let (target, own) = (memory.target(), memory.applied.as_ref());
         let surge = memory.surge(now);
@@ -184,7 +188,7 @@ impl Walk<'_> {
         deployments.remove(&release.remove).await?;
         let running = release.replicas.clone();
         memory.rolled_out(release, generation);
-        // Report, with what runs beside what was decided.
+        // Act: report, with what runs beside what was decided.
         let shown = |status| report::with_rollout(status, &running, &held, |at| ctx.wall(at));
         match decision {
             Some(decision) => {

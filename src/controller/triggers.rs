@@ -1,7 +1,7 @@
 //! Which of the pools' Deployment events reconcile their pool at once, before its next interval.
 //! A Deployment that appears, goes or has its spec changed (its generation: another writer's
 //! edit, or this operator's own apply) does; a change of its status does only while its pool's
-//! shrink waits for the growing Deployments to be ready (`plan/surge.rs`), and only when its
+//! shrink waits for the growing Deployments to be ready (`rollout/surge.rs`), and only when its
 //! ready count moved. kube-controller-manager rewrites a Deployment's status several times while
 //! its Pods start, and a reconcile asked for now goes ahead of pools whose interval is already
 //! up: at 1,000 pools those status events kept the pools that were due from being measured.

@@ -2,7 +2,7 @@
 //! shared workers it will stop are asked at their `metrics` port to take only the reserve's lane
 //! (`POST /stand-in?lanes=…&seconds=N`), so a grown reserve serves at once instead of a pod start
 //! later. When the surge is over they are drained (which ends a stand-in in the worker) or sent
-//! back to their own lanes (`seconds=0`). Which workers and for how long: `plan/stand_in.rs`. A worker that does not stand in (a 404, no
+//! back to their own lanes (`seconds=0`). Which workers and for how long: `rollout/stand_in.rs`. A worker that does not stand in (a 404, no
 //! answer, no `lanepool_worker_standing_in 1`) keeps its role until it is replaced, as before.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,8 +2,8 @@
 //! `metrics` port wait behind their readiness gate (`lanepool.dev/takeover`) until the operator
 //! sets it. A Deployment with no worker of an older template left (it only grows) has its
 //! waiting gates opened at once; in a rollover, the old workers are drained as a shrink of them
-//! by as many as wait (`pods/drain.rs`), and a gate opens for each drained worker known idle and
-//! marked to go first. Which gates open: `plan/takeover.rs`.
+//! by as many as wait (`act/drain.rs`), and a gate opens for each drained worker known idle and
+//! marked to go first. Which gates open: `rollout/takeover.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! seconds old instead of a scrape interval plus a scrape's age. Only for pools whose template
 //! has that port, and only for lanes on the metric convention's default query; a read that
 //! cannot count every ready worker changes nothing, and Prometheus decides as before. What is
-//! remembered of the reads is `memory/reads.rs`.
+//! remembered of the reads is `state/worker_reads.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! ReplicaSet controller will delete once they cost least), how long it waits for them, what to
 //! ask each worker, and what their answers mean for the shrink. A drain never holds a shrink past
 //! its timeout; a drain the operator forgets, or calls off, lapses in the worker. The requests
-//! themselves go out from `pods/drain.rs`.
+//! themselves go out from `act/drain.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -49,7 +49,7 @@ pub(in crate::controller) struct Drain {
     pub(in crate::controller) costs_unseen: bool,
     /// Whether the end of the wait was logged.
     pub(in crate::controller) over: bool,
-    /// The drain of a rollover (`plan/takeover.rs`): its workers make way for the new
+    /// The drain of a rollover (`rollout/takeover.rs`): its workers make way for the new
     /// template's, not for a smaller Deployment.
     pub(in crate::controller) rollover: bool,
 }

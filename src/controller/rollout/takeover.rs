@@ -1,12 +1,12 @@
 //! Template changes, without I/O: when a Deployment's pod template changes (the pool's template,
 //! its lanes, the operator's own additions), its Deployment controller starts workers of the new
 //! template and stops those of the old one. The new workers carry a readiness gate
-//! (`workers.rs`), so none counts as available, and no old worker is stopped for it (no old
+//! (`deployments.rs`), so none counts as available, and no old worker is stopped for it (no old
 //! worker goes before a new one is available), until the operator opens its gate. It opens one
 //! gate for each old worker drained and known idle: the rollover is a drain, as a shrink of the
 //! old workers by as many as wait for their gate, and the Deployment controller then stops the
 //! idle ones (cost -1 first). Gates of workers that only grow a Deployment open at once. The
-//! requests go out from `pods/takeover.rs`.
+//! requests go out from `act/takeover.rs`.
 
 use super::drain::Drain;
 use super::shrink::Shrink;

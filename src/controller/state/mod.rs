@@ -65,7 +65,7 @@ pub(super) struct PoolMemory {
     /// Every lane's mean job time at the last measurement: drains and rankings go by it.
     pub(super) job_seconds: BTreeMap<String, f64>,
     /// Whether this process has read which workers still drain or stand in for an earlier
-    /// leader (`pods/inherited.rs`): once, at its first reconcile of the pool.
+    /// leader (`observe/work.rs`, `rollout/inherited.rs`): once, at its first reconcile of the pool.
     pub(super) inherited_read: bool,
 }
 

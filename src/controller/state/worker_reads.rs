@@ -1,7 +1,7 @@
 //! What a pool remembers of its workers' own counts between evaluations, without I/O: each
 //! read's answers become per-lane reads of what finished since the read before (see
 //! [`crate::sizing::LaneReads`]), and only this evaluation's read, when it counted every ready
-//! worker, is applied to the loads. The asking is done by `pods/reads.rs`.
+//! worker, is applied to the loads. The asking is done by `observe/reads.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
