@@ -18,6 +18,8 @@ mod context;
 mod cut;
 mod deployments;
 mod events;
+#[cfg(test)]
+mod fake;
 mod observe;
 mod pods;
 mod pool_index;

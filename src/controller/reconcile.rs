@@ -423,39 +423,4 @@ fn surge_end(ctx: &Context, waited: Option<Duration>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::controller::Settings;
-    use crate::prometheus::{AllowedUrls, QueryWindows};
-
-    #[tokio::test]
-    async fn a_pool_waiting_for_its_turn_holds_little_memory() {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let settings = Settings {
-            default_prometheus_url: None,
-            windows: QueryWindows {
-                arrival_rate: "30s".into(),
-                recent_arrival_rate: None,
-                scrape_interval: Duration::from_secs(15),
-                job_time: "5m".into(),
-            },
-            write_timeout: Duration::from_secs(10),
-            surge_timeout: Duration::from_secs(120),
-            allowed_prometheus_urls: AllowedUrls::any(),
-            prometheus_concurrency: 10,
-            concurrent_reconciles: 32,
-            idle_workers_first: true,
-            drain_timeout: Duration::from_secs(30),
-            worker_reads: true,
-        };
-        let ctx = Arc::new(Context::new(client, Arc::default(), settings));
-        let pool: Arc<LanePool> =
-            Arc::new(serde_yaml::from_str(include_str!("../../examples/lanepool.yaml")).unwrap());
-        // Every due pool's reconcile exists while it waits: at 1,000 pools, all of them at once.
-        let waiting = std::mem::size_of_val(&reconcile(pool.clone(), ctx.clone()));
-        let running = std::mem::size_of_val(&reconcile_now(pool, ctx));
-        println!("a waiting reconcile: {waiting} bytes; a running one: {running}");
-        assert!(waiting <= 512, "{waiting} bytes (running: {running})");
-    }
-}
+mod tests;

@@ -1,0 +1,456 @@
+//! Whole reconciles without a server, for unit tests: an in-memory API behind a real
+//! `kube::Client` (a `tower` service in place of the HTTP connection) that keeps the pool's
+//! Deployments and Pods, feeds its writes back to the watch caches as a watch would, and records
+//! every request; and workers on 127.0.0.1 that answer `/metrics`, `/drain` and `/stand-in` as the
+//! protocol says. The reconcile under test is the operator's own, unchanged.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher::Event;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::cached_pod::CachedPod;
+use super::caches::Caches;
+use super::context::{Context, PoolKey};
+use super::deployments::{CachedDeployment, worker_deployments};
+use super::pool_index::PoolIndex;
+use super::protocol::DELETION_COST;
+use super::settings::Settings;
+use crate::api::{LanePool, POOL_LABEL};
+use crate::leader::Fence;
+use crate::prometheus::{AllowedUrls, QueryWindows};
+use crate::sizing::Replicas;
+
+/// One request the API got: its method, path and body.
+#[derive(Clone, Debug)]
+pub(super) struct Request {
+    pub(super) method: String,
+    pub(super) path: String,
+    pub(super) body: Value,
+}
+
+impl Request {
+    /// A write: anything but a GET.
+    pub(super) fn writes(&self) -> bool {
+        self.method != "GET"
+    }
+
+    /// The Deployment count it applies, when it applies `deployment`.
+    pub(super) fn applies(&self, deployment: &str) -> Option<i64> {
+        let path = format!("/deployments/{deployment}?");
+        (self.method == "PATCH" && self.path.contains(&path))
+            .then(|| self.body["spec"]["replicas"].as_i64())
+            .flatten()
+    }
+}
+
+/// A worker Pod's process: idle or busy with a job, draining or standing in as asked.
+#[derive(Default)]
+pub(super) struct FakeWorker {
+    pub(super) busy: AtomicBool,
+    pub(super) draining: AtomicBool,
+    pub(super) standing_in: AtomicBool,
+    /// It stopped answering (its server is gone).
+    pub(super) silent: AtomicBool,
+    pub(super) asked: AtomicUsize,
+    /// Drain and stand-in requests it answered.
+    pub(super) posted: AtomicUsize,
+}
+
+impl FakeWorker {
+    fn metrics(&self) -> String {
+        let gauge = |on: &AtomicBool| u8::from(on.load(Ordering::SeqCst));
+        format!(
+            "lanepool_worker_busy{{lane=\"batch\"}} {}\nlanepool_worker_draining {}\nlanepool_worker_standing_in {}\n",
+            gauge(&self.busy),
+            gauge(&self.draining),
+            gauge(&self.standing_in),
+        )
+    }
+
+    fn answer(&self, method: &str, target: &str) -> String {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        if method == "POST" {
+            self.posted.fetch_add(1, Ordering::SeqCst);
+        }
+        let seconds = |t: &str| {
+            t.split(['?', '&'])
+                .find_map(|p| p.strip_prefix("seconds="))
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match (method, target.split('?').next().unwrap_or_default()) {
+            ("POST", "/drain") => self.draining.store(seconds(target) > 0, Ordering::SeqCst),
+            ("POST", "/stand-in") => self
+                .standing_in
+                .store(seconds(target) > 0, Ordering::SeqCst),
+            _ => {}
+        }
+        self.metrics()
+    }
+
+    /// Serves this worker on 127.0.0.1; its port.
+    async fn serve(self: Arc<Self>) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let worker = self.clone();
+                tokio::spawn(async move {
+                    let mut read = Vec::new();
+                    let mut buffer = [0u8; 1024];
+                    while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => read.extend_from_slice(&buffer[..n]),
+                        }
+                    }
+                    if worker.silent.load(Ordering::SeqCst) {
+                        // Holds the connection and says nothing, as a frozen worker does.
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        return;
+                    }
+                    let head = String::from_utf8_lossy(&read);
+                    let mut line = head.lines().next().unwrap_or_default().split(' ');
+                    let (method, target) = (line.next().unwrap_or(""), line.next().unwrap_or(""));
+                    let body = worker.answer(method, target);
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        port
+    }
+}
+
+/// The in-memory cluster of one pool: its Deployments, ReplicaSets and Pods, the caches the
+/// operator reads them from, the requests it sent, and its workers by Pod name.
+pub(super) struct FakeCluster {
+    pub(super) pool: Arc<LanePool>,
+    pub(super) ctx: Arc<Context>,
+    pub(super) requests: Arc<Mutex<Vec<Request>>>,
+    pub(super) workers: BTreeMap<String, Arc<FakeWorker>>,
+    deployments: Arc<Deployments>,
+    pods: Arc<PoolIndex<CachedPod>>,
+}
+
+const NAMESPACE: &str = "team";
+
+/// The Deployments' watch cache writer, and each Deployment as the API keeps it.
+type Deployments = Mutex<(Writer<CachedDeployment>, BTreeMap<String, Value>)>;
+
+/// The guide's pool (`examples/lanepool.yaml`) in namespace `team`, measured every `interval`,
+/// its workers serving their gauges at a port named `metrics`.
+pub(super) fn pool(interval: &str) -> LanePool {
+    let mut pool: LanePool =
+        serde_yaml::from_str(include_str!("../../examples/lanepool.yaml")).unwrap();
+    pool.metadata.namespace = Some(NAMESPACE.into());
+    pool.metadata.uid = Some("pool-uid".into());
+    pool.metadata.generation = Some(1);
+    pool.spec.interval = serde_json::from_value(json!(interval)).unwrap();
+    let container = &mut pool.spec.template.spec.as_mut().unwrap().containers[0];
+    container.ports = Some(vec![
+        serde_json::from_value(json!({"name": "metrics", "containerPort": 9100})).unwrap(),
+    ]);
+    pool
+}
+
+fn settings() -> Settings {
+    Settings {
+        default_prometheus_url: None,
+        windows: QueryWindows {
+            arrival_rate: "30s".into(),
+            recent_arrival_rate: None,
+            scrape_interval: Duration::from_secs(15),
+            job_time: "5m".into(),
+        },
+        write_timeout: Duration::from_secs(5),
+        surge_timeout: Duration::from_secs(120),
+        allowed_prometheus_urls: AllowedUrls::any(),
+        prometheus_concurrency: 10,
+        concurrent_reconciles: 4,
+        idle_workers_first: true,
+        drain_timeout: Duration::from_secs(30),
+        worker_reads: true,
+    }
+}
+
+impl FakeCluster {
+    /// `pool` running `live` (every Pod Running and Ready, its worker answering), having decided
+    /// `decided` at this process's start (so the next reconcile is not due for an interval),
+    /// with this process's writes fenced by `fence`.
+    pub(super) async fn start(
+        pool: LanePool,
+        live: &Replicas,
+        decided: &Replicas,
+        fence: Fence,
+    ) -> Self {
+        let requests: Arc<Mutex<Vec<Request>>> = Arc::default();
+        let (deployment_store, deployment_writer) = reflector::store();
+        let (autoscaler_store, mut autoscaler_writer) = reflector::store();
+        let pods = Arc::new(PoolIndex::default());
+        let replicasets = Arc::new(PoolIndex::default());
+        let deployments = Arc::new(Mutex::new((deployment_writer, BTreeMap::new())));
+        let pod_objects: Arc<Mutex<BTreeMap<String, Pod>>> = Arc::default();
+        let service = {
+            let (requests, deployments) = (requests.clone(), deployments.clone());
+            let (pods, pod_objects) = (pods.clone(), pod_objects.clone());
+            let pool = serde_json::to_value(&pool).unwrap();
+            tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+                let (requests, deployments) = (requests.clone(), deployments.clone());
+                let (pods, pod_objects, pool) = (pods.clone(), pod_objects.clone(), pool.clone());
+                async move {
+                    let (parts, body) = request.into_parts();
+                    let bytes = body
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let path = parts.uri.to_string();
+                    let method = parts.method.to_string();
+                    requests.lock().unwrap().push(Request {
+                        method: method.clone(),
+                        path: path.clone(),
+                        body: body.clone(),
+                    });
+                    let answer = Self::answer(
+                        &method,
+                        &path,
+                        body,
+                        &deployments,
+                        &pods,
+                        &pod_objects,
+                        pool,
+                    );
+                    let response = hyper::Response::builder()
+                        .status(answer.0)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(answer.1.to_string())))
+                        .unwrap();
+                    Ok::<_, Infallible>(response)
+                }
+            })
+        };
+        let client = kube::Client::new(service, NAMESPACE);
+        let ctx = Context::new(client, Arc::default(), settings()).with_fence(fence);
+        autoscaler_writer.apply_watcher_event(&Event::Init);
+        autoscaler_writer.apply_watcher_event(&Event::InitDone);
+        replicasets.apply::<PartialObjectMeta<ReplicaSet>>(Event::Init, |r| r);
+        pods.apply::<Pod>(Event::Init, CachedPod::of);
+        let mut workers = BTreeMap::new();
+        for deployment in worker_deployments(&pool, live) {
+            let name = deployment.name_any();
+            let count = deployment
+                .spec
+                .as_ref()
+                .and_then(|s| s.replicas)
+                .unwrap_or(0);
+            let mut value = serde_json::to_value(&deployment).unwrap();
+            value["metadata"]["uid"] = json!(format!("{name}-uid"));
+            value["status"] = json!({"replicas": count, "readyReplicas": count});
+            let replicaset = serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {
+                    "name": format!("{name}-1"), "namespace": NAMESPACE, "uid": format!("{name}-rs"),
+                    "labels": {POOL_LABEL: "jobs"},
+                    "annotations": {"deployment.kubernetes.io/revision": "1"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                        "name": name, "uid": format!("{name}-uid"), "controller": true}],
+                },
+            }))
+            .unwrap();
+            replicasets.apply::<PartialObjectMeta<ReplicaSet>>(Event::InitApply(replicaset), |r| r);
+            for i in 0..count {
+                let worker = Arc::new(FakeWorker::default());
+                let port = worker.clone().serve().await;
+                let pod_name = format!("{name}-{i}");
+                let pod: Pod = serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {
+                        "name": pod_name, "namespace": NAMESPACE, "labels": {POOL_LABEL: "jobs"},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                            "name": format!("{name}-1"), "uid": format!("{name}-rs"), "controller": true}],
+                    },
+                    "spec": {"nodeName": "node", "containers": [{"name": "worker", "image": "w",
+                        "ports": [{"name": "metrics", "containerPort": port}]}]},
+                    "status": {"phase": "Running", "podIP": "127.0.0.1",
+                        "conditions": [{"type": "Ready", "status": "True"},
+                                       {"type": "ContainersReady", "status": "True"}]},
+                }))
+                .unwrap();
+                pods.apply(Event::InitApply(pod.clone()), CachedPod::of);
+                pod_objects.lock().unwrap().insert(pod_name.clone(), pod);
+                workers.insert(pod_name, worker);
+            }
+            let mut held = deployments.lock().unwrap();
+            let cached: CachedDeployment = serde_json::from_value(value.clone()).unwrap();
+            held.0.apply_watcher_event(&Event::InitApply(cached));
+            held.1.insert(name, value);
+        }
+        deployments
+            .lock()
+            .unwrap()
+            .0
+            .apply_watcher_event(&Event::InitDone);
+        replicasets.apply::<PartialObjectMeta<ReplicaSet>>(Event::InitDone, |r| r);
+        pods.apply::<Pod>(Event::InitDone, CachedPod::of);
+        ctx.caches.set(vec![Caches {
+            deployments: deployment_store,
+            autoscalers: autoscaler_store,
+            pods: pods.clone(),
+            replicasets,
+        }]);
+        ctx.remember(PoolKey::of(&pool), |memory| {
+            memory.replicas = Some(decided.clone());
+            memory.applied = Some(live.clone());
+            memory.measured_at = Some(Duration::ZERO);
+            memory.generation = pool.metadata.generation;
+            memory.swept = pool.metadata.generation;
+            memory.job_seconds = BTreeMap::from([("urgent".into(), 0.02), ("batch".into(), 1.0)]);
+        });
+        Self {
+            pool: Arc::new(pool),
+            ctx: Arc::new(ctx),
+            requests,
+            workers,
+            deployments,
+            pods,
+        }
+    }
+
+    /// The API's answer to one request: (status, body). Writes to Deployments and Pods reach
+    /// the watch caches at once, as a watch would deliver them.
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        method: &str,
+        path: &str,
+        body: Value,
+        deployments: &Deployments,
+        pods: &PoolIndex<CachedPod>,
+        pod_objects: &Mutex<BTreeMap<String, Pod>>,
+        pool: Value,
+    ) -> (u16, Value) {
+        let name = |kind: &str| {
+            path.split(&format!("/{kind}/"))
+                .nth(1)
+                .and_then(|rest| rest.split(['/', '?']).next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        match method {
+            "PATCH" if path.contains("/deployments/") => {
+                let name = name("deployments");
+                let mut held = deployments.lock().unwrap();
+                let mut value = held.1.get(&name).cloned().unwrap_or(body.clone());
+                value["spec"] = body["spec"].clone();
+                let cached: CachedDeployment = serde_json::from_value(value.clone()).unwrap();
+                held.0.apply_watcher_event(&Event::Apply(cached));
+                held.1.insert(name, value.clone());
+                (200, value)
+            }
+            "PATCH" if path.contains("/pods/") => {
+                let name = name("pods");
+                let mut objects = pod_objects.lock().unwrap();
+                let Some(pod) = objects.get_mut(&name) else {
+                    return (404, json!({"kind": "Status", "code": 404}));
+                };
+                if let Some(cost) = body["metadata"]["annotations"][DELETION_COST].as_str() {
+                    pod.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(DELETION_COST.into(), cost.into());
+                }
+                pods.apply(Event::Apply(pod.clone()), CachedPod::of);
+                (200, serde_json::to_value(&*pod).unwrap())
+            }
+            "PATCH" if path.contains("/lanepools/") => {
+                let mut pool = pool;
+                pool["status"] = body["status"].clone();
+                (200, pool)
+            }
+            "POST" => (201, body),
+            _ => (404, json!({"kind": "Status", "code": 404})),
+        }
+    }
+
+    /// Sets a Deployment's ready count, as its ReplicaSet's Pods becoming Ready would.
+    pub(super) fn ready(&self, deployment: &str, ready: i64) {
+        let mut held = self.deployments.lock().unwrap();
+        let mut value = held.1[deployment].clone();
+        value["status"] = json!({"replicas": ready, "readyReplicas": ready});
+        let cached: CachedDeployment = serde_json::from_value(value.clone()).unwrap();
+        held.0.apply_watcher_event(&Event::Apply(cached));
+        held.1.insert(deployment.into(), value);
+    }
+
+    /// The requests sent so far, emptied.
+    pub(super) fn take_requests(&self) -> Vec<Request> {
+        std::mem::take(&mut *self.requests.lock().unwrap())
+    }
+
+    /// How many drain and stand-in requests the workers answered.
+    pub(super) fn worker_posts(&self) -> usize {
+        self.workers
+            .values()
+            .map(|w| w.posted.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// The workers of `deployment` that were asked to drain, and still are.
+    pub(super) fn draining(&self, deployment: &str) -> Vec<String> {
+        self.workers
+            .iter()
+            .filter(|(name, w)| {
+                name.starts_with(&format!("{deployment}-")) && w.draining.load(Ordering::SeqCst)
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The deletion cost the Pod cache shows for `pod`.
+    pub(super) fn cost(&self, pod: &str) -> Option<String> {
+        self.pods
+            .pool(NAMESPACE, "jobs")
+            .iter()
+            .find(|p| p.name == pod)
+            .and_then(|p| p.deletion_cost.clone())
+    }
+
+    /// One reconcile of the pool, which must succeed.
+    pub(super) async fn reconcile(&self) {
+        self.try_reconcile().await.unwrap();
+    }
+
+    pub(super) async fn try_reconcile(&self) -> crate::Result<kube::runtime::controller::Action> {
+        super::reconcile(self.pool.clone(), self.ctx.clone()).await
+    }
+
+    /// The worker of Pod `pod`.
+    pub(super) fn worker(&self, pod: &str) -> &FakeWorker {
+        &self.workers[pod]
+    }
+}
+
+/// Replicas of `reserved` urgent workers and `shared` shared ones.
+pub(super) fn replicas(reserved: i32, shared: i32) -> Replicas {
+    Replicas {
+        reserved: BTreeMap::from([("urgent".to_string(), reserved)]),
+        shared,
+    }
+}

@@ -1,0 +1,170 @@
+use super::*;
+use crate::controller::Settings;
+use crate::prometheus::{AllowedUrls, QueryWindows};
+
+#[tokio::test]
+async fn a_pool_waiting_for_its_turn_holds_little_memory() {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let settings = Settings {
+        default_prometheus_url: None,
+        windows: QueryWindows {
+            arrival_rate: "30s".into(),
+            recent_arrival_rate: None,
+            scrape_interval: Duration::from_secs(15),
+            job_time: "5m".into(),
+        },
+        write_timeout: Duration::from_secs(10),
+        surge_timeout: Duration::from_secs(120),
+        allowed_prometheus_urls: AllowedUrls::any(),
+        prometheus_concurrency: 10,
+        concurrent_reconciles: 32,
+        idle_workers_first: true,
+        drain_timeout: Duration::from_secs(30),
+        worker_reads: true,
+    };
+    let ctx = Arc::new(Context::new(client, Arc::default(), settings));
+    let pool: Arc<LanePool> =
+        Arc::new(serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap());
+    // Every due pool's reconcile exists while it waits: at 1,000 pools, all of them at once.
+    let waiting = std::mem::size_of_val(&reconcile(pool.clone(), ctx.clone()));
+    let running = std::mem::size_of_val(&reconcile_now(pool, ctx));
+    println!("a waiting reconcile: {waiting} bytes; a running one: {running}");
+    assert!(waiting <= 512, "{waiting} bytes (running: {running})");
+}
+
+mod whole {
+    //! Whole reconciles against the in-memory cluster of `fake.rs`: the operator's own reconcile,
+    //! its writes and worker requests observed from outside.
+
+    use std::sync::atomic::Ordering;
+
+    use crate::controller::fake::{FakeCluster, pool, replicas};
+    use crate::leader::Fence;
+
+    const RESERVED: &str = "jobs-urgent-reserved";
+    const SHARED: &str = "jobs-shared";
+
+    /// The guide's pool running 1 reserved and 4 shared workers, every one busy, having decided
+    /// 2 and 3: the reserve grows, and shared shrinks by one.
+    async fn growing_reserve(fence: Fence) -> FakeCluster {
+        let cluster =
+            FakeCluster::start(pool("10m"), &replicas(1, 4), &replicas(2, 3), fence).await;
+        for worker in cluster.workers.values() {
+            worker.busy.store(true, Ordering::SeqCst);
+        }
+        cluster
+    }
+
+    #[tokio::test]
+    async fn growth_goes_out_first_and_the_shrink_waits_for_its_drained_worker() {
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.reconcile().await;
+        let writes: Vec<_> = cluster
+            .take_requests()
+            .into_iter()
+            .filter(|r| r.writes())
+            .collect();
+        assert_eq!(
+            writes.first().and_then(|r| r.applies(RESERVED)),
+            Some(2),
+            "{writes:?}"
+        );
+        assert!(
+            writes.iter().all(|r| r.applies(SHARED).is_none()),
+            "{writes:?}"
+        );
+        assert!(
+            cluster.draining(SHARED).is_empty(),
+            "no drain before the reserve is ready"
+        );
+
+        // The new reserved workers are ready: one shared worker drains, and holds the shrink
+        // while its job runs.
+        cluster.ready(RESERVED, 2);
+        for _ in 0..3 {
+            cluster.reconcile().await;
+            let requests = cluster.take_requests();
+            assert!(
+                requests.iter().all(|r| r.applies(SHARED).is_none()),
+                "{requests:?}"
+            );
+        }
+        let drained = cluster.draining(SHARED);
+        assert_eq!(drained.len(), 1, "{drained:?}");
+        let drained = &drained[0];
+
+        // Its job is done: it is marked to go first (-1), and only once the Pod cache shows
+        // that does shared shrink.
+        cluster.worker(drained).busy.store(false, Ordering::SeqCst);
+        let mut order = Vec::new();
+        for round in 0..3 {
+            cluster.reconcile().await;
+            for request in cluster.take_requests().into_iter().filter(|r| r.writes()) {
+                if request.path.contains(&format!("/pods/{drained}")) {
+                    order.push(("cost", round));
+                }
+                if request.applies(SHARED) == Some(3) {
+                    order.push(("shrink", round));
+                }
+            }
+        }
+        // The cost is written in one reconcile; the shrink goes in the next, once the cache
+        // shows it (the ReplicaSet controller reads the same watch).
+        assert_eq!(order, [("cost", 0), ("shrink", 1)]);
+        assert_eq!(cluster.cost(drained).as_deref(), Some("-1"));
+        let others_marked = cluster
+            .workers
+            .keys()
+            .filter(|pod| *pod != drained && cluster.cost(pod).as_deref() == Some("-1"))
+            .count();
+        assert_eq!(others_marked, 0, "only the drained idle worker goes first");
+    }
+
+    #[tokio::test]
+    async fn workers_that_cannot_be_heard_hold_the_shrink() {
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.reconcile().await;
+        cluster.ready(RESERVED, 2);
+        // No shared worker answers, and there is no Prometheus to ask: whom to stop is unknown.
+        for (pod, worker) in &cluster.workers {
+            if pod.starts_with(SHARED) {
+                worker.silent.store(true, Ordering::SeqCst);
+            }
+        }
+        cluster.take_requests();
+        for _ in 0..4 {
+            cluster.reconcile().await;
+        }
+        let requests = cluster.take_requests();
+        assert!(
+            requests.iter().all(|r| r.applies(SHARED).is_none()),
+            "{requests:?}"
+        );
+        assert!(
+            requests.iter().all(|r| !r.path.contains("/pods/")),
+            "no Pod marked to go: {requests:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_does_not_lead_writes_nothing_and_asks_no_worker_to_drain() {
+        let cluster = growing_reserve(Fence::closed()).await;
+        cluster.ready(RESERVED, 2);
+        for _ in 0..3 {
+            // Its writes are refused before they are sent: the reconcile fails, and says why.
+            let failed = cluster.try_reconcile().await;
+            assert!(
+                matches!(failed, Err(crate::Error::NotLeader { .. })),
+                "{failed:?}"
+            );
+        }
+        let writes: Vec<_> = cluster
+            .take_requests()
+            .into_iter()
+            .filter(|r| r.writes())
+            .collect();
+        assert!(writes.is_empty(), "{writes:?}");
+        assert_eq!(cluster.worker_posts(), 0);
+    }
+}
