@@ -107,6 +107,89 @@ pub(in crate::controller) struct Release {
     pub(in crate::controller) staying: Vec<String>,
 }
 
+/// One Deployment of the pool in a rollout: its name, its role, its counts, and whether a lane
+/// still runs it (the others no lane runs any more shrink to 0, and go).
+struct Part {
+    name: String,
+    role: Role,
+    counts: surge::Counts,
+    lane_runs_it: bool,
+}
+
+impl Part {
+    /// It grows in this surge and is not ready at its new count yet, while a shrink waits.
+    fn starting(&self, waiting: bool) -> bool {
+        waiting && self.counts.takes_over && self.counts.ready < self.counts.target
+    }
+
+    /// The shrink this step lets go now (`now`: the count the step gives it): only to its
+    /// target, and only once the surge lets it.
+    fn shrink_now(&self, pool: &LanePool, now: i32) -> Option<Shrink> {
+        let live = self.counts.live.filter(|live| now < *live)?;
+        Some(Shrink {
+            deployment: self.name.clone(),
+            live,
+            to: self.counts.target,
+            lanes: lanes_of(pool, &self.role),
+        })
+    }
+
+    /// The shrink this step holds for the surge (`now` is still its live count).
+    fn shrink_held(&self, pool: &LanePool, now: i32) -> Option<Shrink> {
+        let live = self
+            .counts
+            .live
+            .filter(|live| self.counts.target < *live && now >= *live)?;
+        Some(Shrink {
+            deployment: self.name.clone(),
+            live,
+            to: self.counts.target,
+            lanes: lanes_of(pool, &self.role),
+        })
+    }
+}
+
+/// The pool's Deployments as a rollout sees them: the lanes' at their `decided` counts, then
+/// those no lane runs any more, at 0. A count starts from what this process applied last
+/// (`own`), or else from the Deployment.
+fn parts(
+    pool: &LanePool,
+    live: &BTreeMap<String, Deployment>,
+    decided: &Replicas,
+    own: Option<&Replicas>,
+    surge: &Surge,
+) -> Vec<Part> {
+    let own = counts_by_name(pool, own);
+    let lanes = pool_roles(pool, decided)
+        .into_iter()
+        .map(|(name, role, target)| (name, role, target, true));
+    let gone = leaving(pool, live.values())
+        .into_iter()
+        .map(|(name, role)| (name, role, 0, false));
+    lanes
+        .chain(gone)
+        .map(|(name, role, target, lane_runs_it)| {
+            let deployment = live.get(&name);
+            let count = deployment
+                .and(own.get(&name).copied())
+                .or_else(|| deployment.and_then(spec_replicas));
+            let counts = surge::Counts {
+                target,
+                live: count,
+                ready: deployment.map_or(0, ready_replicas),
+                takes_over: count.is_none_or(|count| target > count)
+                    || surge.taking_over.contains(&name),
+            };
+            Part {
+                name,
+                role,
+                counts,
+                lane_runs_it,
+            }
+        })
+        .collect()
+}
+
 /// The way from the `live` Deployments to `decided`. A shrink starts from what this process
 /// applied last (`own`), so a count someone else set is restored at once rather than waited on;
 /// after a restart, from the Deployments. `surge`: how far a waiting shrink's surge has come.
@@ -118,67 +201,38 @@ pub(in crate::controller) fn rollout(
     surge: &Surge,
     rules: Rules,
 ) -> Rollout {
-    // The lanes' Deployments, then those no lane runs any more: they shrink to 0, and go.
-    let mut roles = pool_roles(pool, decided);
-    let ours = roles.len();
-    let gone = leaving(pool, live.values());
-    roles.extend(gone.into_iter().map(|(name, role)| (name, role, 0)));
-    let own = counts_by_name(pool, own);
-    let counts: Vec<surge::Counts> = roles
-        .iter()
-        .map(|(name, _, target)| {
-            let deployment = live.get(name);
-            let count = deployment
-                .and(own.get(name).copied())
-                .or_else(|| deployment.and_then(spec_replicas));
-            surge::Counts {
-                target: *target,
-                live: count,
-                ready: deployment.map_or(0, ready_replicas),
-                takes_over: count.is_none_or(|count| *target > count)
-                    || surge.taking_over.contains(name),
-            }
-        })
-        .collect();
-    let taking_over = roles
-        .iter()
-        .zip(&counts)
-        .filter(|(_, c)| c.takes_over && c.live.is_none_or(|live| c.target >= live))
-        .map(|((name, _, _), _)| name.clone())
-        .collect();
+    let parts = parts(pool, live, decided, own, surge);
+    let counts: Vec<surge::Counts> = parts.iter().map(|p| p.counts).collect();
     let step_now = surge::step(&counts, surge.waited, rules.surge_timeout);
-    let not_ready = roles
+    let waiting = step_now.waiting;
+    // Each Deployment with the count this step gives it.
+    let now: Vec<(&Part, i32)> = parts.iter().zip(step_now.apply).collect();
+    let taking_over = parts
         .iter()
-        .zip(&counts)
-        .filter(|(_, c)| step_now.waiting && c.takes_over && c.ready < c.target)
-        .map(|((name, _, _), c)| (name.clone(), c.ready, c.target))
+        .filter(|p| p.counts.takes_over && p.counts.live.is_none_or(|l| p.counts.target >= l))
+        .map(|p| p.name.clone())
         .collect();
-    let shrinks = roles
+    let not_ready = parts
         .iter()
-        .zip(&counts)
-        .zip(&step_now.apply)
-        .filter(|_| rules.drain)
-        .filter_map(|(((name, role, _), c), now)| {
-            // The step shrinks a Deployment only to its target, and only once the surge lets it.
-            let live = c.live.filter(|live| now < live)?;
-            Some(Shrink {
-                deployment: name.clone(),
-                live,
-                to: c.target,
-                lanes: lanes_of(pool, role),
-            })
-        })
-        .collect::<Vec<_>>();
+        .filter(|p| p.starting(waiting))
+        .map(|p| (p.name.clone(), p.counts.ready, p.counts.target))
+        .collect();
+    let shrinks = match rules.drain {
+        true => now
+            .iter()
+            .filter_map(|(p, count)| p.shrink_now(pool, *count))
+            .collect(),
+        false => Vec::new(),
+    };
     // While a shrink waits for the Deployments taking over, the workers it will stop serve their
     // lanes (those of the ones not ready yet, in priority order), when those are among their
     // own: a shared worker stands in for a reserved one, never the other way, since a reserved
     // worker given the batch lane could take a long job it cannot give back should the reserve
     // grow again.
-    let starting: BTreeSet<String> = roles
+    let starting: BTreeSet<String> = parts
         .iter()
-        .zip(&counts)
-        .filter(|(_, c)| step_now.waiting && c.takes_over && c.ready < c.target)
-        .flat_map(|((_, role, _), _)| lanes_of(pool, role))
+        .filter(|p| p.starting(waiting))
+        .flat_map(|p| lanes_of(pool, &p.role))
         .collect();
     let serves: Vec<String> = pool
         .spec
@@ -187,36 +241,27 @@ pub(in crate::controller) fn rollout(
         .map(|l| l.name.clone())
         .filter(|lane| starting.contains(lane))
         .collect();
-    let stand_ins = roles
-        .iter()
-        .zip(&counts)
-        .zip(&step_now.apply)
-        .filter(|_| rules.drain && !serves.is_empty())
-        .filter_map(|(((name, role, _), c), now)| {
-            let live = c.live.filter(|live| c.target < *live && now >= live)?;
-            let lanes = lanes_of(pool, role);
-            if !serves.iter().all(|lane| lanes.contains(lane)) {
-                return None;
-            }
-            Some(StandIn {
-                shrink: Shrink {
-                    deployment: name.clone(),
-                    live,
-                    to: c.target,
-                    lanes,
-                },
+    let stand_ins = match rules.drain && !serves.is_empty() {
+        true => now
+            .iter()
+            .filter_map(|(p, count)| p.shrink_held(pool, *count))
+            .filter(|shrink| serves.iter().all(|lane| shrink.lanes.contains(lane)))
+            .map(|shrink| StandIn {
+                shrink,
                 serves: serves.clone(),
             })
-        })
-        .collect();
+            .collect(),
+        false => Vec::new(),
+    };
     let mut step = decided.clone();
     let mut leaving_step = Vec::new();
-    for (i, ((name, role, _), count)) in roles.iter().zip(step_now.apply).enumerate() {
-        if i < ours {
-            set(&mut step, role, count);
-        } else {
-            let runs = counts[i].live.unwrap_or(0);
-            leaving_step.push((name.clone(), runs, count));
+    for (part, count) in &now {
+        match part.lane_runs_it {
+            true => set(&mut step, &part.role, *count),
+            false => {
+                let runs = part.counts.live.unwrap_or(0);
+                leaving_step.push((part.name.clone(), runs, *count));
+            }
         }
     }
     let shrinking_now = rules.rank && !shrinking(pool, live, &step).is_empty();
@@ -224,7 +269,7 @@ pub(in crate::controller) fn rollout(
     let growth = (shrink_decided || shrinking_now).then(|| hold(pool, live, &step, |_| i32::MAX));
     Rollout {
         step,
-        waiting: step_now.waiting,
+        waiting,
         taking_over,
         shrinks,
         stand_ins,
