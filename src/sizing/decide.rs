@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::explain;
 use super::queueing::{SharedHelp, formula, latency_target, wait_within_job_time};
 use super::settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
-use crate::duration::{compact, human_seconds, trim};
+use crate::duration::compact;
 
 /// A reserve lane's measured load.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -533,69 +534,23 @@ fn measured(
         reserve = current;
     }
 
-    let shown_rate = if followed.is_some() {
-        format!("{}/s (recent)", trim(rate))
-    } else {
-        format!("{}/s", trim(rate))
-    };
-    let arithmetic = match lane.rule {
-        Rule::Formula => format!(
-            "{shown_rate} × {} × {} = {}",
-            human_seconds(job),
-            trim(sizing.headroom),
-            trim(needed)
-        ),
-        Rule::Queueing if sizing.headroom == 1.0 => {
-            format!("{shown_rate} × {}, wait p99 ≤ job time", human_seconds(job))
-        }
-        Rule::Queueing => format!(
-            "{shown_rate} × {} × {}, wait p99 ≤ job time",
-            human_seconds(job),
-            trim(sizing.headroom)
-        ),
-        Rule::LatencyTarget { p99_seconds } => format!(
-            "{shown_rate} × {}, p99 ≤ {}",
-            human_seconds(job),
-            human_seconds(p99_seconds)
-        ),
-    };
-    let arithmetic = match sizing.slots_per_worker {
-        1 => arithmetic,
-        slots => format!("{arithmetic}, {slots} slots a worker"),
-    };
-    let mut explanation = format!("{} {arithmetic} → ", lane.name);
-    let within = |asked: i32, to: i32| {
-        format!(
-            "{asked}, within the {}% tolerance: {to}",
-            (tolerance * 100.0).round()
-        )
-    };
-    match (tolerated, unconfirmed) {
-        (Some(asked), Some(_)) => explanation.push_str(&format!(
-            "{}, unconfirmed by the {}/s long rate: {ceiling}",
-            within(asked, wanted),
-            trim(load.arrival_rate)
-        )),
-        (Some(asked), None) => explanation.push_str(&within(asked, ceiling)),
-        (None, Some(_)) => explanation.push_str(&format!(
-            "{wanted}, unconfirmed by the {}/s long rate: {ceiling}",
-            trim(load.arrival_rate)
-        )),
-        (None, None) => explanation.push_str(&ceiling.to_string()),
-    }
-    if ceiling != recommended {
-        let bound = if ceiling > lane.max { "max" } else { "min" };
-        explanation.push_str(&format!(", {bound} {recommended}"));
-    }
-    if paused_at.is_some() {
-        explanation.push_str(&format!(", held at {reserve} (scale-down paused)"));
-    } else if reserve != recommended {
-        explanation.push_str(&format!(
-            ", held at {reserve} (highest in the {}s scale-down window)",
-            window.as_secs()
-        ));
-    }
-    explanation.push_str(&format!(" → {reserve} reserved"));
+    let arithmetic = explain::arithmetic(sizing, lane, rate, followed.is_some(), job, needed);
+    let explanation = explain::reserve(
+        &lane.name,
+        &arithmetic,
+        &explain::Steps {
+            tolerance,
+            tolerated,
+            wanted,
+            unconfirmed_by: unconfirmed.map(|_| load.arrival_rate),
+            ceiling,
+            recommended,
+            max: lane.max,
+            paused: paused_at.is_some(),
+            window,
+            reserve,
+        },
+    );
 
     Measured {
         history: past,

@@ -5,6 +5,7 @@
 
 mod answer;
 mod decide;
+mod explain;
 mod queueing;
 mod reads;
 mod settings;
