@@ -1,9 +1,9 @@
-//! The controller's shared state: the client, event recorder, metrics and settings, and what
-//! each pool's reconciles remember between runs. Every write to the API server goes through
+//! The controller's shared state: the clients (Kubernetes, the event recorder, Prometheus, the
+//! slots of the requests to workers, the write fence), the metrics, the settings, the watch
+//! caches (`caches.rs`) and every pool's carried state (`state/pools.rs`). Every write to the API server goes through
 //! `Context::write`, which bounds it with a timeout and counts its result.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
@@ -16,30 +16,12 @@ use super::deployments::CachedDeployment;
 use super::events::{Recorder, Said};
 use super::settings::Settings;
 use super::state::PoolMemory;
+use super::state::pools::{PoolKey, PoolStates};
 use crate::api::LanePool;
 use crate::leader::Fence;
 use crate::metrics::Metrics;
-use crate::prometheus::{self, Connection};
+use crate::prometheus::{self};
 use crate::{Error, Result};
-
-/// Which pool a memory belongs to: by uid too, so a pool deleted and created again under the
-/// same name starts afresh.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) struct PoolKey {
-    pub(super) namespace: String,
-    pub(super) name: String,
-    pub(super) uid: String,
-}
-
-impl PoolKey {
-    pub(super) fn of(pool: &LanePool) -> Self {
-        Self {
-            namespace: pool.metadata.namespace.clone().unwrap_or_default(),
-            name: pool.metadata.name.clone().unwrap_or_default(),
-            uid: pool.metadata.uid.clone().unwrap_or_default(),
-        }
-    }
-}
 
 /// Shared state of the controller.
 pub struct Context {
@@ -50,7 +32,8 @@ pub struct Context {
     pub(super) started: Instant,
     /// The wall clock when `started` was taken: times since the start shown as times of day.
     started_wall: k8s_openapi::jiff::Timestamp,
-    pub(super) pools: Mutex<HashMap<PoolKey, PoolMemory>>,
+    /// Every pool's carried state.
+    pub(super) pools: PoolStates,
     pub(super) prometheus: prometheus::Clients,
     /// The watch caches every reconcile reads.
     pub(super) caches: WatchCaches,
@@ -84,7 +67,7 @@ impl Context {
             settings,
             started: Instant::now(),
             started_wall: k8s_openapi::jiff::Timestamp::now(),
-            pools: Mutex::default(),
+            pools: PoolStates::default(),
             prometheus,
             caches: WatchCaches::default(),
             pod_requests: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
@@ -114,19 +97,13 @@ impl Context {
     }
 
     pub(super) fn memory(&self, key: &PoolKey) -> PoolMemory {
-        self.pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned()
-            .unwrap_or_default()
+        self.pools.get(key)
     }
 
     /// Keeps a reconcile's memory whole (the reconcile owns its pool's memory while it runs:
     /// the controller never runs two reconciles of one pool at once).
     pub(super) fn keep(&self, key: &PoolKey, memory: &PoolMemory) {
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools.insert(key.clone(), memory.clone());
+        self.pools.keep(key, memory);
     }
 
     /// Whether the LanePool controlling `deployment` has a shrink waiting for its growing
@@ -141,28 +118,21 @@ impl Context {
         else {
             return false;
         };
-        let key = PoolKey {
+        self.pools.surging(&PoolKey {
             namespace: deployment.metadata.namespace.clone().unwrap_or_default(),
             name: owner.name.clone(),
             uid: owner.uid.clone(),
-        };
-        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools.get(&key).is_some_and(|m| m.surge_since.is_some())
+        })
     }
 
     pub(super) fn remember(&self, key: PoolKey, update: impl FnOnce(&mut PoolMemory)) {
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        update(pools.entry(key).or_default());
+        self.pools.update(key, update);
     }
 
     /// Forgets every pool that no longer exists (`live` says which do): its memory, its metric
     /// series, and the Prometheus clients no living pool uses.
     pub(super) fn forget_deleted(&self, live: impl Fn(&PoolKey) -> bool) {
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools.retain(|key, memory| {
-            if live(key) {
-                return true;
-            }
+        let living = self.pools.forget(live, |key, memory| {
             let lanes = memory.history.keys().cloned();
             let lanes = lanes.chain(
                 memory
@@ -171,23 +141,19 @@ impl Context {
                     .flat_map(|r| r.reserved.keys().cloned()),
             );
             self.metrics.forget(&key.namespace, &key.name, lanes);
-            false
         });
-        let in_use: Vec<&Connection> = pools
-            .values()
-            .filter_map(|m| m.connection.as_ref())
-            .collect();
         self.prometheus
-            .retain(|connection| in_use.contains(&connection));
-        let live: std::collections::HashSet<(&str, &str)> = pools
-            .keys()
-            .map(|key| (key.namespace.as_str(), key.name.as_str()))
-            .collect();
+            .retain(|connection| living.connections.contains(connection));
+        let named = |namespace: &str, name: &str| {
+            living
+                .pools
+                .contains(&(namespace.to_string(), name.to_string()))
+        };
         self.prometheus
-            .forget_lanes(|lane| live.contains(&(lane.namespace.as_str(), lane.pool.as_str())));
+            .forget_lanes(|lane| named(&lane.namespace, &lane.pool));
         self.prometheus.forget_pools(|pool| {
             pool.split_once('/')
-                .is_some_and(|(namespace, name)| live.contains(&(namespace, name)))
+                .is_some_and(|(namespace, name)| named(namespace, name))
         });
     }
 

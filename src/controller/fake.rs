@@ -23,11 +23,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
-use super::context::{Context, PoolKey};
+use super::context::Context;
 use super::deployments::{CachedDeployment, worker_deployments};
 use super::pool_index::PoolIndex;
 use super::protocol::DELETION_COST;
 use super::settings::Settings;
+use super::state::pools::PoolKey;
 use crate::api::{LanePool, POOL_LABEL};
 use crate::leader::Fence;
 use crate::prometheus::{AllowedUrls, QueryWindows};

@@ -38,7 +38,6 @@ use std::time::Duration;
 use kube::runtime::reflector::Store;
 
 pub use context::Context;
-use context::PoolKey;
 pub use deployments::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
 };
@@ -50,6 +49,7 @@ pub use rollout::drain::DEFAULT_DRAIN_TIMEOUT;
 pub use rollout::grace::GRACE_PERIOD_TOO_SHORT;
 pub use rollout::surge::DEFAULT_SURGE_TIMEOUT;
 pub use settings::{DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
+use state::pools::PoolKey;
 
 use crate::api::LanePool;
 

@@ -25,11 +25,12 @@ use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::act::{apply, drain, rank, report, stand_in, takeover};
-use super::context::{Context, PoolKey};
+use super::context::Context;
 use super::observe::work::{LastMeasured, Observed};
 use super::observe::{autoscalers, measure, reads};
 use super::pods::{self, PoolPods};
 use super::rollout::{self, Rules, Settled, grace};
+use super::state::pools::PoolKey;
 use super::state::{self, PoolMemory, STATUS_REFRESH, Start};
 use super::{caches, deployments, settings, status};
 use crate::api::{LanePool, LanePoolStatus};

@@ -4,6 +4,7 @@
 //! [`PoolMemory::measured`] and [`PoolMemory::decided`] (when due), [`PoolMemory::surging`],
 //! [`PoolMemory::rolled_out`] and [`PoolMemory::requeue_after`]; it is written back once.
 
+pub(super) mod pools;
 pub(super) mod worker_reads;
 
 use std::collections::{BTreeMap, BTreeSet};
