@@ -1728,13 +1728,13 @@ async fn events_whose_notes_carry_multibyte_text_are_published() {
 async fn an_identical_event_joins_its_series_and_a_different_one_does_not() {
     use k8s_openapi::api::events::v1::Event as SeriesEvent;
     use kube::runtime::events::EventType;
-    use lanepool::controller::{Recorder, Said};
+    use lanepool::controller::{PoolEvent, Recorder};
 
     let world = World::start("series").await;
     world.apply_pool(|_| {}).await;
     let pool = world.pool().await;
     let recorder = Recorder::new(world.client.clone(), Some("lanepool-test-0".into()));
-    let said = Said {
+    let said = PoolEvent {
         type_: EventType::Warning,
         reason: "SeriesTest",
         action: "held",
@@ -1743,7 +1743,7 @@ async fn an_identical_event_joins_its_series_and_a_different_one_does_not() {
     for _ in 0..3 {
         recorder.publish(&pool, said).await.unwrap();
     }
-    let other = Said {
+    let other = PoolEvent {
         note: "urgent held at 3 → 3 reserved",
         ..said
     };

@@ -13,7 +13,7 @@ use tracing::warn;
 use super::caches::WatchCaches;
 use super::cut::truncate_bytes;
 use super::deployments::CachedDeployment;
-use super::events::{Recorder, Said};
+use super::events::{PoolEvent, Recorder};
 use super::settings::Settings;
 use super::state::PoolMemory;
 use super::state::pools::{PoolKey, PoolStates};
@@ -212,7 +212,7 @@ impl Context {
             return;
         }
         // The API server counts bytes: 128 for the action, 1 kB for the note.
-        let said = Said {
+        let said = PoolEvent {
             type_,
             reason,
             action: truncate_bytes(&note, 128),

@@ -43,14 +43,14 @@ pub struct Recorder {
 
 /// One event: its type, reason, the action (at most 128 bytes) and the note (at most 1 kB).
 #[derive(Clone, Copy, Debug)]
-pub struct Said<'a> {
+pub struct PoolEvent<'a> {
     pub type_: EventType,
     pub reason: &'a str,
     pub action: &'a str,
     pub note: &'a str,
 }
 
-impl Said<'_> {
+impl PoolEvent<'_> {
     fn type_name(&self) -> &'static str {
         match self.type_ {
             EventType::Normal => "Normal",
@@ -83,7 +83,7 @@ impl Recorder {
 
     /// Publishes `said` on `pool`: a new event, or one more in the series of an identical one
     /// published within [`SERIES_TTL`].
-    pub async fn publish(&self, pool: &LanePool, said: Said<'_>) -> kube::Result<()> {
+    pub async fn publish(&self, pool: &LanePool, said: PoolEvent<'_>) -> kube::Result<()> {
         let now = Timestamp::now();
         let key = said.key(pool);
         let open = self.open_series(key, now);
@@ -126,7 +126,7 @@ impl Recorder {
         published.get(&key).cloned()
     }
 
-    fn event(&self, pool: &LanePool, said: Said<'_>, now: Timestamp) -> Event {
+    fn event(&self, pool: &LanePool, said: PoolEvent<'_>, now: Timestamp) -> Event {
         let regarding = pool.object_ref(&());
         Event {
             metadata: ObjectMeta {
@@ -182,7 +182,7 @@ mod tests {
         pool
     }
 
-    const SAID: Said<'static> = Said {
+    const SAID: PoolEvent<'static> = PoolEvent {
         type_: EventType::Normal,
         reason: "Scaled",
         action: "urgent 1 → 2",
@@ -194,15 +194,15 @@ mod tests {
         let (a, b) = (pool("a"), pool("b"));
         assert_eq!(SAID.key(&a), SAID.key(&a));
         assert_ne!(SAID.key(&a), SAID.key(&b));
-        let warning = Said {
+        let warning = PoolEvent {
             type_: EventType::Warning,
             ..SAID
         };
-        let other_note = Said {
+        let other_note = PoolEvent {
             note: "urgent 2 → 3",
             ..SAID
         };
-        let other_reason = Said {
+        let other_reason = PoolEvent {
             reason: "Held",
             ..SAID
         };

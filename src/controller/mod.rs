@@ -41,7 +41,7 @@ pub use context::Context;
 pub use deployments::{
     LANES_ENV, POOL_ENV, ROLE_ENV, Role, TEMPLATE_HASH, deployment_name, worker_deployments,
 };
-pub use events::{Recorder, SERIES_TTL, Said};
+pub use events::{PoolEvent, Recorder, SERIES_TTL};
 pub use protocol::{BUSY_METRIC, DELETION_COST, DRAINING_METRIC};
 pub use reconcile::{error_policy, reconcile};
 pub use rollout::cost::{BUSY_COST, DRAINED_COST, IDLE_COST};

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, watch};
 
 use crate::metrics::Metrics;
-use crate::sizing::Answer;
+use crate::sizing::QueryAnswer;
 use crate::{Error, Result};
 
 pub use allowed::AllowedUrls;
@@ -242,7 +242,7 @@ struct SharedAnswer {
 impl Client {
     /// Asks one lane's question: a pool's own query, or its series of a shared one (asked once
     /// per `period` in the background for all the pools that share it).
-    pub async fn ask(&self, query: &Query, period: Duration) -> Answer {
+    pub async fn ask(&self, query: &Query, period: Duration) -> QueryAnswer {
         match query {
             Query::Own(promql) => self.query(promql).await,
             Query::Shared {
@@ -260,7 +260,7 @@ impl Client {
 
     /// Runs one instant query, waiting for a place among the queries in flight: its values, one
     /// per series, or why there are none (with the query).
-    pub async fn query(&self, promql: &str) -> Answer {
+    pub async fn query(&self, promql: &str) -> QueryAnswer {
         self.run(promql, query::OWN_BOUNDS)
             .await
             .map(|series| series.into_iter().map(|(_, value)| value).collect())

@@ -4,11 +4,11 @@
 use super::LaneLoad;
 
 /// A query's answer as plain numbers, one per series, or the reason there is none.
-pub type Answer = std::result::Result<Vec<f64>, String>;
+pub type QueryAnswer = std::result::Result<Vec<f64>, String>;
 
 /// Reads one number from a query's answer; anything but one finite, non-negative value is
 /// unavailable, never zero.
-pub fn single_value(what: &str, answer: &Answer) -> std::result::Result<f64, String> {
+pub fn single_value(what: &str, answer: &QueryAnswer) -> std::result::Result<f64, String> {
     match answer {
         Err(reason) => Err(format!("{what}: {reason}")),
         Ok(values) => match values.as_slice() {
@@ -29,8 +29,8 @@ pub fn single_value(what: &str, answer: &Answer) -> std::result::Result<f64, Str
 /// in the window: the fallback stands in, and with no arrivals no job time is needed.
 pub fn lane_load(
     lane: &str,
-    arrival_rate: &Answer,
-    job_seconds: &Answer,
+    arrival_rate: &QueryAnswer,
+    job_seconds: &QueryAnswer,
     job_seconds_fallback: Option<f64>,
 ) -> std::result::Result<LaneLoad, String> {
     let rate = single_value(&format!("lane {lane} arrival rate"), arrival_rate)?;

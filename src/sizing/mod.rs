@@ -10,7 +10,7 @@ mod queueing;
 mod reads;
 mod settings;
 
-pub use answer::{Answer, lane_load, single_value};
+pub use answer::{QueryAnswer, lane_load, single_value};
 pub use decide::{
     CONFIRMING_SHARE, Decision, History, Inputs, LaneDecision, LaneLoad, Loads, MOST_TOLERANCE,
     NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,

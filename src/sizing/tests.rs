@@ -105,7 +105,7 @@ fn no_arrivals_gives_the_minimum() {
 
 #[test]
 fn malformed_answers_are_unavailable_never_zero() {
-    let cases: [(&str, Answer); 6] = [
+    let cases: [(&str, QueryAnswer); 6] = [
         ("NaN", Ok(vec![f64::NAN])),
         ("+Inf", Ok(vec![f64::INFINITY])),
         ("-Inf", Ok(vec![f64::NEG_INFINITY])),

@@ -18,13 +18,13 @@ use crate::controller::pods::read_answer;
 use crate::controller::pods::{PoolPods, Worker};
 use crate::controller::rollout::Shrink;
 use crate::controller::rollout::cost::{DRAINED_COST, IDLE_COST};
-use crate::controller::rollout::drain::{self, Answer, Drain};
+use crate::controller::rollout::drain::{self, Drain, DrainAnswer};
 use crate::duration::human_seconds;
 
 /// Asks each of `workers` to drain for its seconds (`0`: stop draining); their answers by name:
 /// `Unreachable` for a worker not heard from (no answer in time, out of budget, not leader),
 /// `Refused` for one that answered without draining, has no metrics port or redirects.
-async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<String, Answer> {
+async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<String, DrainAnswer> {
     let requests = workers
         .into_iter()
         .map(|(worker, seconds)| (worker, format!("/drain?seconds={seconds}")))
@@ -34,8 +34,8 @@ async fn ask(pods: &PoolPods<'_>, workers: Vec<(&Worker, u64)>) -> BTreeMap<Stri
         .into_iter()
         .map(|(name, answer)| match answer {
             Ok((status, text)) => (name, read_answer(status, &text)),
-            Err(refused) if refused.unknown() => (name, Answer::Unreachable),
-            Err(_) => (name, Answer::Refused),
+            Err(refused) if refused.unknown() => (name, DrainAnswer::Unreachable),
+            Err(_) => (name, DrainAnswer::Refused),
         })
         .collect()
 }

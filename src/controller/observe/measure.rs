@@ -16,7 +16,7 @@ use crate::Result;
 use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::protocol::{BUSY_METRIC, STARTED_METRIC};
-use crate::controller::rollout::cost::Sample;
+use crate::controller::rollout::cost::Labelled;
 use crate::controller::settings::measure_deadline;
 use crate::duration::human_seconds;
 use crate::prometheus::{Client, Connection, LaneQueries, default_job_time, pool_queries, spec};
@@ -217,7 +217,7 @@ pub(in crate::controller) async fn busy_workers(
     connection: Option<&Connection>,
     pool: &LanePool,
     deployment: &str,
-) -> Option<(Vec<Sample>, Vec<Sample>)> {
+) -> Option<(Vec<Labelled>, Vec<Labelled>)> {
     let connection = connection?;
     let client = ctx
         .prometheus

@@ -16,7 +16,7 @@ use crate::controller::context::Context;
 use crate::controller::deployments::serves_metrics;
 use crate::controller::pods::PoolPods;
 use crate::controller::pods::finished_counts;
-use crate::controller::state::worker_reads::{Answers, WorkerReads};
+use crate::controller::state::worker_reads::{CountsRead, WorkerReads};
 use crate::sizing::{Loads, WorkerCount};
 
 /// The long window the reads' rate is counted over: the operator's `--rate-window`.
@@ -50,7 +50,7 @@ pub(in crate::controller) async fn ask(
     pool: &LanePool,
     ctx: &Context,
     workers: &PoolPods<'_>,
-) -> Option<Answers> {
+) -> Option<CountsRead> {
     let lanes = read_lanes(pool);
     if !ctx.settings.worker_reads
         || lanes.is_empty()
@@ -88,7 +88,7 @@ pub(in crate::controller) async fn ask(
             })
         })
         .collect();
-    (!answers.is_empty()).then(|| Answers {
+    (!answers.is_empty()).then(|| CountsRead {
         answers,
         expected,
         lanes,
@@ -113,7 +113,7 @@ fn read_time(counted_at: &[Duration]) -> Duration {
 pub(in crate::controller) fn record(
     ctx: &Context,
     reads: &mut WorkerReads,
-    answers: Option<Answers>,
+    answers: Option<CountsRead>,
     loads: &Loads,
 ) {
     let job_seconds: BTreeMap<String, f64> = loads

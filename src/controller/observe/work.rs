@@ -14,7 +14,7 @@ use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::pods::{PoolPods, Worker, gauge_values, parse_gauges};
 use crate::controller::protocol::{DRAINING_METRIC, STANDING_IN_METRIC};
-use crate::controller::rollout::cost::{Reading, Sample, busy_pods};
+use crate::controller::rollout::cost::{Labelled, Reading, busy_pods};
 use crate::controller::rollout::drain::Candidate;
 use crate::controller::rollout::inherited::Inherited;
 use crate::prometheus::Connection;
@@ -37,7 +37,7 @@ pub(in crate::controller) struct Observed<'a> {
     pub(in crate::controller) measured: LastMeasured<'a>,
     /// Prometheus's busy and job-start gauges for the whole pool (`None`: it could not say),
     /// asked once, the first time a worker does not answer.
-    scraped: OnceCell<Option<(Vec<Sample>, Vec<Sample>)>>,
+    scraped: OnceCell<Option<(Vec<Labelled>, Vec<Labelled>)>>,
 }
 
 impl<'a> Observed<'a> {
@@ -91,7 +91,7 @@ impl<'a> Observed<'a> {
 
     /// Each of `workers` that has a metrics port, asked for its gauges (once per reconcile):
     /// busy and job-start samples, labelled by pod name.
-    async fn gauges(&self, workers: &[&Worker]) -> (Vec<Sample>, Vec<Sample>) {
+    async fn gauges(&self, workers: &[&Worker]) -> (Vec<Labelled>, Vec<Labelled>) {
         self.pods.metrics_texts(workers).await.into_iter().fold(
             Default::default(),
             |(mut busy, mut started), (name, answered)| {
@@ -103,7 +103,7 @@ impl<'a> Observed<'a> {
         )
     }
 
-    async fn scraped(&self, deployment: &str) -> Option<&(Vec<Sample>, Vec<Sample>)> {
+    async fn scraped(&self, deployment: &str) -> Option<&(Vec<Labelled>, Vec<Labelled>)> {
         let (ctx, connection, pool) = (self.ctx, self.measured.connection, self.pool);
         self.scraped
             .get_or_init(|| busy_workers(ctx, connection, pool, deployment))

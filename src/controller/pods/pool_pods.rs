@@ -35,7 +35,7 @@ pub(in crate::controller) struct PoolPods<'a> {
     /// Each worker's `/metrics` answer in this reconcile and when it was given (`None`: it gave
     /// none), by Pod name: the reads, the drains and the ranking ask each worker once between
     /// them.
-    texts: Mutex<HashMap<String, Option<Answered>>>,
+    texts: Mutex<HashMap<String, Option<MetricsText>>>,
     /// A place for one read and one drain or stand-in request that is this reconcile's own, in
     /// flight beside the operator's shared ones: however many other pools' silent Pods hold
     /// those, this pool's requests go out, one at a time at worst.
@@ -107,7 +107,7 @@ impl<'a> PoolPods<'a> {
 /// (`Context::started`), halfway between the request going out and its answer being in. A request
 /// that waited for a slot, or an answer the operator was slow to take in, does not move it.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Answered {
+pub(in crate::controller) struct MetricsText {
     pub(in crate::controller) text: String,
     pub(in crate::controller) at: Duration,
 }
@@ -186,7 +186,7 @@ impl PoolPods<'_> {
     pub(in crate::controller) async fn metrics_texts(
         &self,
         workers: &[&Worker],
-    ) -> Vec<(String, Answered)> {
+    ) -> Vec<(String, MetricsText)> {
         let (mut known, mut targets) = (Vec::new(), Vec::new());
         {
             let texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
@@ -199,7 +199,7 @@ impl PoolPods<'_> {
             }
         }
         let clock = self.ctx.started;
-        let asked: Vec<(String, Option<Answered>)> = futures::stream::iter(targets)
+        let asked: Vec<(String, Option<MetricsText>)> = futures::stream::iter(targets)
             .map(|(name, address)| async move {
                 let answer = self
                     .request(
@@ -210,7 +210,7 @@ impl PoolPods<'_> {
                             let sent = clock.elapsed();
                             let text = http::get(&address, "/metrics").await?;
                             let at = sent + clock.elapsed().saturating_sub(sent) / 2;
-                            Ok(Answered { text, at })
+                            Ok(MetricsText { text, at })
                         },
                     )
                     .await;

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use crate::controller::protocol::{BUSY_METRIC, DRAINING_METRIC, FINISHED_METRIC, STARTED_METRIC};
-use crate::controller::rollout::cost::Sample;
-use crate::controller::rollout::drain::Answer;
+use crate::controller::rollout::cost::Labelled;
+use crate::controller::rollout::drain::DrainAnswer;
 
 /// The most busy and job-start series kept of one worker's answer.
 const MOST_SERIES: usize = 64;
@@ -38,7 +38,7 @@ pub fn gauge_values(text: &str, metric: &str) -> Vec<f64> {
 /// each labelled `pod` as Prometheus would label them.
 /// An answer with more than [`MOST_SERIES`] of them says nothing (a worker runs one job at a
 /// time: a few series are all it has).
-pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Sample>, Vec<Sample>) {
+pub fn parse_gauges(text: &str, pod: &str) -> (Vec<Labelled>, Vec<Labelled>) {
     let (mut busy, mut started) = (Vec::new(), Vec::new());
     for (name, mut labels, value) in sample_lines(text) {
         labels.insert("pod".into(), pod.into());
@@ -118,16 +118,16 @@ pub fn finished_counts(text: &str, lanes: &[String]) -> Option<BTreeMap<String, 
 }
 
 /// Reads a worker's answer to `POST /drain?seconds=N` (`0`: an answer to calling it off).
-pub fn read_answer(status: u16, text: &str) -> Answer {
+pub fn read_answer(status: u16, text: &str) -> DrainAnswer {
     if status >= 500 {
         // The worker's server failed, not the request: what the worker does is unknown.
-        return Answer::Unreachable;
+        return DrainAnswer::Unreachable;
     }
     let draining = gauge_values(text, DRAINING_METRIC).iter().any(|v| *v > 0.0);
     if status != 200 || !draining {
-        return Answer::Refused;
+        return DrainAnswer::Refused;
     }
-    Answer::Draining {
+    DrainAnswer::Draining {
         busy: gauge_values(text, BUSY_METRIC).iter().any(|v| *v > 0.0),
     }
 }
@@ -201,21 +201,27 @@ mod tests {
                       lanepool_worker_busy{lane=\"batch\"} 1\n\
                       lanepool_worker_job_started_timestamp_seconds{lane=\"batch\"} 1800000000.000\n\
                       lanepool_worker_draining 1\n";
-        assert_eq!(read_answer(200, gauges), Answer::Draining { busy: true });
+        assert_eq!(
+            read_answer(200, gauges),
+            DrainAnswer::Draining { busy: true }
+        );
         let idle = "lanepool_worker_busy 0\nlanepool_worker_draining 1\n";
-        assert_eq!(read_answer(200, idle), Answer::Draining { busy: false });
+        assert_eq!(
+            read_answer(200, idle),
+            DrainAnswer::Draining { busy: false }
+        );
         // A 404, or a server answering every path with gauges that do not say it drains.
-        assert_eq!(read_answer(404, "not found\n"), Answer::Refused);
+        assert_eq!(read_answer(404, "not found\n"), DrainAnswer::Refused);
         assert_eq!(
             read_answer(200, "lanepool_worker_busy 1\n"),
-            Answer::Refused
+            DrainAnswer::Refused
         );
         assert_eq!(
             read_answer(200, "lanepool_worker_busy 0\nlanepool_worker_draining 0\n"),
-            Answer::Refused
+            DrainAnswer::Refused
         );
-        assert_eq!(read_answer(500, idle), Answer::Unreachable);
-        assert_eq!(read_answer(503, "busy\n"), Answer::Unreachable);
-        assert_eq!(read_answer(405, idle), Answer::Refused);
+        assert_eq!(read_answer(500, idle), DrainAnswer::Unreachable);
+        assert_eq!(read_answer(503, "busy\n"), DrainAnswer::Unreachable);
+        assert_eq!(read_answer(405, idle), DrainAnswer::Refused);
     }
 }

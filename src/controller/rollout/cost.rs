@@ -25,14 +25,14 @@ pub enum Work {
     },
 }
 
-/// One series of an answer: its labels and value.
-pub type Sample = (BTreeMap<String, String>, f64);
+/// One series of an answer, from a worker or Prometheus: its labels and value.
+pub use crate::prometheus::query::Labelled;
 
 /// Each worker's work, by pod name, from the busy gauge's series and the job-start gauge's. A
 /// series without a `pod` label, or a value that is not finite, says nothing; of two busy
 /// series of one pod (the lane changed between scrapes), a busy one wins; a start time joins
 /// the busy series of its pod and lane (the latest, if several).
-pub fn busy_pods(busy: &[Sample], started: &[Sample]) -> HashMap<String, Work> {
+pub fn busy_pods(busy: &[Labelled], started: &[Labelled]) -> HashMap<String, Work> {
     let mut work: HashMap<String, Work> = HashMap::new();
     for (labels, value) in busy.iter().filter(|(_, value)| value.is_finite()) {
         let Some(pod) = labels.get("pod") else {
@@ -146,7 +146,7 @@ pub(in crate::controller) mod tests {
     use super::*;
 
     /// One gauge series of `pod` (and `lane`, unless empty).
-    pub(in crate::controller) fn series(pod: &str, lane: &str, value: f64) -> Sample {
+    pub(in crate::controller) fn series(pod: &str, lane: &str, value: f64) -> Labelled {
         let mut labels = BTreeMap::from([("pod".to_string(), pod.to_string())]);
         if !lane.is_empty() {
             labels.insert("lane".into(), lane.into());

@@ -195,12 +195,12 @@ impl Drain {
     /// refused is not draining, is not asked again for this drain, and another worker is chosen
     /// in its place; one not heard from is not idle (it may have taken a job) and stays drained,
     /// asked again at the next reconcile.
-    pub(in crate::controller) fn answered(&mut self, answers: BTreeMap<String, Answer>) {
+    pub(in crate::controller) fn answered(&mut self, answers: BTreeMap<String, DrainAnswer>) {
         for (name, answer) in answers {
             match (answer, self.pods.get_mut(&name)) {
-                (Answer::Draining { busy }, Some(drained)) => drained.idle = !busy,
-                (Answer::Unreachable, Some(drained)) => drained.idle = false,
-                (Answer::Refused, Some(_)) => {
+                (DrainAnswer::Draining { busy }, Some(drained)) => drained.idle = !busy,
+                (DrainAnswer::Unreachable, Some(drained)) => drained.idle = false,
+                (DrainAnswer::Refused, Some(_)) => {
                     self.pods.remove(&name);
                     self.refused.insert(name);
                     self.rechoose = true;
@@ -297,21 +297,21 @@ pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
     ranked.into_iter().take(k).map(|c| c.name.clone()).collect()
 }
 
-impl Answer {
+impl DrainAnswer {
     /// Its `outcome` label in `lanepool_operator_drain_answers`.
     pub fn outcome(self) -> &'static str {
         match self {
-            Answer::Draining { busy: true } => "busy",
-            Answer::Draining { busy: false } => "idle",
-            Answer::Refused => "refused",
-            Answer::Unreachable => "unreachable",
+            DrainAnswer::Draining { busy: true } => "busy",
+            DrainAnswer::Draining { busy: false } => "idle",
+            DrainAnswer::Refused => "refused",
+            DrainAnswer::Unreachable => "unreachable",
         }
     }
 }
 
 /// What a worker answered to a drain request.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Answer {
+pub enum DrainAnswer {
     /// It drains, and is busy or idle.
     Draining { busy: bool },
     /// It does not drain: a client error status (404: no such request), or gauges without
@@ -488,8 +488,8 @@ mod tests {
         );
         // c drains and is busy, a does not take drain requests: only c holds the shrink.
         drain.answered(BTreeMap::from([
-            ("a".to_string(), Answer::Refused),
-            ("c".to_string(), Answer::Draining { busy: true }),
+            ("a".to_string(), DrainAnswer::Refused),
+            ("c".to_string(), DrainAnswer::Draining { busy: true }),
         ]));
         assert!(drain.refused.contains("a") && !drain.pods.contains_key("a"));
         assert!(drain.holds(secs(11.0)));
@@ -505,7 +505,7 @@ mod tests {
         assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["c"]);
         drain.answered(BTreeMap::from([(
             "c".to_string(),
-            Answer::Draining { busy: false },
+            DrainAnswer::Draining { busy: false },
         )]));
         let ended = drain.ended(secs(13.0)).expect("c is idle");
         assert_eq!(
@@ -536,8 +536,8 @@ mod tests {
         assert_eq!(drain.timeout, secs(3.0));
         // a answers idle; b's request times out (or the budget ran out): b may have a job.
         drain.answered(BTreeMap::from([
-            ("a".to_string(), Answer::Draining { busy: false }),
-            ("b".to_string(), Answer::Unreachable),
+            ("a".to_string(), DrainAnswer::Draining { busy: false }),
+            ("b".to_string(), DrainAnswer::Unreachable),
         ]));
         assert!(drain.pods.contains_key("b"), "not dropped as a refusal");
         assert!(!drain.rechoose && drain.refused.is_empty());
@@ -556,11 +556,15 @@ mod tests {
             "b is asked again, and keeps draining"
         );
         // b was idle after all (a job in hand that ended, an answer that got through).
-        let an_idle_answer = BTreeMap::from([("b".to_string(), Answer::Draining { busy: false })]);
+        let an_idle_answer =
+            BTreeMap::from([("b".to_string(), DrainAnswer::Draining { busy: false })]);
         drain.answered(an_idle_answer);
         assert_eq!(drain.floor(&shrink, secs(5.0)), 2);
         // An idle worker that goes silent is not idle any more: it may have taken a job.
-        drain.answered(BTreeMap::from([("a".to_string(), Answer::Unreachable)]));
+        drain.answered(BTreeMap::from([(
+            "a".to_string(),
+            DrainAnswer::Unreachable,
+        )]));
         assert_eq!(drain.floor(&shrink, secs(6.0)), 3);
     }
 
@@ -591,7 +595,7 @@ mod tests {
         assert_eq!(drain.floor(&shrink, secs(1.0)), 3);
         // "old" runs a worker that does not take drains (a 404): another is chosen, and until
         // it is, the shrink waits.
-        drain.answered(BTreeMap::from([("old".to_string(), Answer::Refused)]));
+        drain.answered(BTreeMap::from([("old".to_string(), DrainAnswer::Refused)]));
         assert!(drain.starting(&shrink));
         assert_eq!(drain.floor(&shrink, secs(1.5)), 3);
         let drains = BTreeMap::from([("s".into(), drain.clone())]);
@@ -600,7 +604,7 @@ mod tests {
         assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["new"]);
         assert!(!drain.starting(&shrink));
         // With no worker that drains left, the shrink goes as ranked, as it always did.
-        drain.answered(BTreeMap::from([("new".to_string(), Answer::Refused)]));
+        drain.answered(BTreeMap::from([("new".to_string(), DrainAnswer::Refused)]));
         assert_eq!(
             drain.floor(&shrink, secs(2.5)),
             3,

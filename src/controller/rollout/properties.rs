@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::drain::{Answer, Candidate, Drain};
+use super::drain::{Candidate, Drain, DrainAnswer};
 use super::shrink::{Shrink, StandIn};
 use super::stand_in::{StandIns, ended};
 use super::surge::{Counts, step};
@@ -18,13 +18,13 @@ use super::takeover::{gates_to_open, rollover};
 const CAP: Duration = Duration::from_secs(120);
 
 /// One reconcile of a drain: how many seconds after the last, and what each worker answered.
-type Round = (u64, Vec<Option<Answer>>);
+type Round = (u64, Vec<Option<DrainAnswer>>);
 
-fn answer() -> impl Strategy<Value = Answer> {
+fn answer() -> impl Strategy<Value = DrainAnswer> {
     prop_oneof![
-        3 => any::<bool>().prop_map(|busy| Answer::Draining { busy }),
-        1 => Just(Answer::Refused),
-        1 => Just(Answer::Unreachable),
+        3 => any::<bool>().prop_map(|busy| DrainAnswer::Draining { busy }),
+        1 => Just(DrainAnswer::Refused),
+        1 => Just(DrainAnswer::Unreachable),
     ]
 }
 
@@ -70,7 +70,7 @@ fn round(
     drain: &mut Drain,
     shrink: &Shrink,
     candidates: &[Candidate],
-    answers: &[Option<Answer>],
+    answers: &[Option<DrainAnswer>],
     now: Duration,
 ) {
     if drain.starting(shrink) {
@@ -81,7 +81,7 @@ fn round(
         .iter()
         .zip(answers)
         .filter(|(c, _)| asked.contains(c.name.as_str()))
-        .map(|(c, a)| (c.name.clone(), a.unwrap_or(Answer::Unreachable)))
+        .map(|(c, a)| (c.name.clone(), a.unwrap_or(DrainAnswer::Unreachable)))
         .collect();
     drain.answered(answers);
 }
@@ -101,7 +101,7 @@ proptest! {
             round(&mut drain, &shrink, &candidates, answers, now);
             for (c, a) in candidates.iter().zip(answers) {
                 if drain.pods.contains_key(&c.name) {
-                    let unknown = !matches!(a, Some(Answer::Draining { busy: false }));
+                    let unknown = !matches!(a, Some(DrainAnswer::Draining { busy: false }));
                     said_busy_or_nothing.insert(c.name.clone(), unknown);
                 }
             }

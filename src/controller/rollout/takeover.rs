@@ -53,7 +53,7 @@ pub(in crate::controller) fn gates_to_open(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::rollout::drain::{Answer, Candidate};
+    use crate::controller::rollout::drain::{Candidate, DrainAnswer};
     use std::collections::BTreeMap;
 
     fn candidate(name: &str, cost: i32) -> Candidate {
@@ -91,15 +91,15 @@ mod tests {
             "the idle one, then the one nearest done"
         );
         drain.answered(BTreeMap::from([
-            ("b".to_string(), Answer::Draining { busy: true }),
-            ("c".to_string(), Answer::Draining { busy: false }),
+            ("b".to_string(), DrainAnswer::Draining { busy: true }),
+            ("c".to_string(), DrainAnswer::Draining { busy: false }),
         ]));
         assert_eq!(gates_to_open(&shrink, &drain, 2, s(1)), 0, "b still busy");
         // Past the drain timeout a busy worker keeps its place: only the idle one's gate opens.
         assert_eq!(gates_to_open(&shrink, &drain, 2, s(10)), 1);
         drain.answered(BTreeMap::from([(
             "b".to_string(),
-            Answer::Draining { busy: false },
+            DrainAnswer::Draining { busy: false },
         )]));
         assert_eq!(gates_to_open(&shrink, &drain, 2, s(11)), 2);
         // Never more than wait.
@@ -122,8 +122,8 @@ mod tests {
             s(0),
         );
         drain.answered(BTreeMap::from([
-            ("a".to_string(), Answer::Refused),
-            ("b".to_string(), Answer::Refused),
+            ("a".to_string(), DrainAnswer::Refused),
+            ("b".to_string(), DrainAnswer::Refused),
         ]));
         // Both refused: another would be chosen in their place, but none is left.
         drain.start(&shrink, &[], &[], s(120), s(1));
@@ -138,8 +138,8 @@ mod tests {
             s(0),
         );
         silent.answered(BTreeMap::from([
-            ("a".to_string(), Answer::Unreachable),
-            ("b".to_string(), Answer::Draining { busy: false }),
+            ("a".to_string(), DrainAnswer::Unreachable),
+            ("b".to_string(), DrainAnswer::Draining { busy: false }),
         ]));
         assert_eq!(
             gates_to_open(&shrink, &silent, 5, s(1)),

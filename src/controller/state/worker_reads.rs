@@ -28,7 +28,7 @@ pub(in crate::controller) struct WorkerReads {
 
 /// One read's answers, as they came in.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Answers {
+pub(in crate::controller) struct CountsRead {
     pub(in crate::controller) answers: Vec<WorkerCount>,
     /// The ready workers, by name: each must answer for the read to be a rate.
     pub(in crate::controller) expected: BTreeSet<String>,
@@ -62,12 +62,12 @@ impl WorkerReads {
     /// this evaluation has no read, and none is applied.
     pub(in crate::controller) fn record(
         &mut self,
-        answers: Option<Answers>,
+        answers: Option<CountsRead>,
         job_seconds: &BTreeMap<String, f64>,
         window: Duration,
     ) -> Vec<Implausible> {
         self.current = None;
-        let Some(Answers {
+        let Some(CountsRead {
             answers,
             expected,
             lanes,
@@ -143,8 +143,8 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
-    fn answers(at: Duration, counts: &[(&str, f64)], expected: &[&str]) -> Option<Answers> {
-        Some(Answers {
+    fn answers(at: Duration, counts: &[(&str, f64)], expected: &[&str]) -> Option<CountsRead> {
+        Some(CountsRead {
             answers: counts
                 .iter()
                 .map(|(worker, urgent)| WorkerCount {
