@@ -25,7 +25,7 @@ mod pods;
 mod pool_index;
 mod protocol;
 mod reconcile;
-mod rollout;
+pub(crate) mod rollout;
 mod settings;
 mod state;
 mod status;

@@ -7,7 +7,7 @@
 //! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
 
 pub(super) mod cost;
-pub(super) mod drain;
+pub(crate) mod drain;
 pub(super) mod grace;
 pub(super) mod inherited;
 #[cfg(test)]
@@ -15,7 +15,7 @@ mod properties;
 mod shrink;
 pub(super) mod stand_in;
 mod step;
-pub(super) mod surge;
+pub(crate) mod surge;
 pub(super) mod takeover;
 
 pub(super) use shrink::{Shrink, StandIn, lanes_of};

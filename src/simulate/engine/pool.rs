@@ -1,11 +1,17 @@
 //! The workers and the two lanes: who is idle, who is busy with what, and how workers move
-//! between roles (a new worker starts, and the one it replaces leaves once it is ready; meanwhile
-//! the replaced one may stand in for it) or leave. No clock of its own: the engine tells it the
-//! time and schedules what it returns.
+//! between roles or leave, by the operator's own rollout (`controller::rollout`): new workers
+//! start at once; the workers of the role they take over from leave only once every new one is
+//! ready (`surge::step`), chosen as the operator's drain chooses them (`drain::choose`: its
+//! stand-ins first, then idle workers), and finish their jobs first; meanwhile the workers that
+//! will leave stand in for the new ones, chosen the same way. No clock of its own: the engine
+//! tells it the time and schedules what it returns.
 
 use std::collections::VecDeque;
 
 use super::scenario::{Nanos, Preference};
+use crate::controller::rollout::drain::{Candidate, choose};
+use crate::controller::rollout::surge::{self, Counts};
+use crate::controller::{BUSY_COST, DEFAULT_SURGE_TIMEOUT, IDLE_COST};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaneKind {
@@ -188,40 +194,125 @@ impl Pool {
                 left -= 1;
             }
         }
-        for _ in 0..left {
+        // The workers that will leave stand in for the new ones, chosen as the drain will choose
+        // them once the new ones are ready.
+        let stand_ins = match stand_in {
+            true => self.chosen(from, left, |w| w.state != State::Starting && !w.standing_in),
+            false => Vec::new(),
+        };
+        for i in 0..left {
             let id = self.add(to, State::Starting);
             self.workers[id].replaces = Some(from);
             moved.starting.push(id);
-            if !stand_in {
-                continue;
-            }
-            if let Some(stand_in) = self.stand_in_candidate(from) {
+            if let Some(&stand_in) = stand_ins.get(i) {
                 self.workers[stand_in].standing_in = true;
                 self.workers[id].stood_in_by = Some(stand_in);
                 self.change_role(stand_in, to, &mut moved.woken);
             }
         }
+        // A surge the other way called off: what it started and what is ready may settle now.
+        self.settle(to);
         moved
     }
 
-    /// A worker of `role` that could stand in for a starting one: staying, ready, not standing in
-    /// already; an idle one first (it serves at once), then one handing off, then a busy one.
-    fn stand_in_candidate(&self, role: Preference) -> Option<usize> {
-        let rank = |state: State| match state {
-            State::Idle => Some(0),
-            State::HandingOff => Some(1),
-            State::Busy { .. } => Some(2),
-            State::Starting | State::Gone => None,
-        };
-        (0..self.workers.len())
-            .rev()
-            .filter(|id| {
-                let w = &self.workers[*id];
-                w.committed() == Some(role) && !w.standing_in
+    /// The `k` workers of `role` (among those `eligible`) the operator's drain would choose: not
+    /// ready first, then those standing in, then idle, handing off, busy; the newest first among
+    /// equals.
+    fn chosen(&self, role: Preference, k: usize, eligible: impl Fn(&Worker) -> bool) -> Vec<usize> {
+        let candidates: Vec<Candidate> = (0..self.workers.len())
+            .filter(|&id| {
+                let w = &self.workers[id];
+                let of_role = w.committed() == Some(role) && !w.standing_in;
+                let stood_in = w.committed().is_some()
+                    && w.standing_in
+                    && self.stands_in_for(id) == Some(role);
+                (of_role || stood_in) && eligible(w)
             })
-            .filter_map(|id| Some((rank(self.workers[id].state)?, id)))
-            .min_by_key(|(rank, _)| *rank)
-            .map(|(_, id)| id)
+            .map(|id| {
+                let w = &self.workers[id];
+                Candidate {
+                    name: candidate_name(id),
+                    ready: w.state != State::Starting,
+                    cost: match w.state {
+                        State::Idle => IDLE_COST,
+                        State::HandingOff => IDLE_COST + 1,
+                        _ => BUSY_COST,
+                    },
+                    draining: w.standing_in,
+                }
+            })
+            .collect();
+        choose(&candidates, k)
+            .iter()
+            .map(|name| candidate_id(name))
+            .collect()
+    }
+
+    /// The role whose surge worker `id` stands in for: the role it came from.
+    fn stands_in_for(&self, id: usize) -> Option<Preference> {
+        self.workers
+            .iter()
+            .find(|w| w.stood_in_by == Some(id) && w.committed().is_some())
+            .and_then(|w| w.replaces)
+    }
+
+    /// Once every new worker taking over from `replaced` is ready (`surge::step`, the operator's
+    /// own wait), as many workers of `replaced` leave, chosen as the drain chooses them: those
+    /// standing in first. Until then every worker of `replaced` stays.
+    fn settle(&mut self, replaced: Preference) {
+        let group: Vec<usize> = (0..self.workers.len())
+            .filter(|&id| {
+                let w = &self.workers[id];
+                w.committed().is_some() && w.replaces == Some(replaced)
+            })
+            .collect();
+        let Some(&first) = group.first() else {
+            return;
+        };
+        let to = self.workers[first].role;
+        let stand_ins = group
+            .iter()
+            .filter(|&&id| {
+                self.workers[id]
+                    .stood_in_by
+                    .is_some_and(|s| self.workers[s].committed().is_some())
+            })
+            .count();
+        let starting = group
+            .iter()
+            .filter(|&&id| self.workers[id].state == State::Starting)
+            .count();
+        let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        let taking_over = count(self.count(to).saturating_sub(stand_ins));
+        let leaving_from = count(self.count(replaced) + stand_ins);
+        let deployments = [
+            Counts {
+                target: taking_over,
+                live: Some(taking_over),
+                ready: taking_over - count(starting),
+                takes_over: true,
+            },
+            Counts {
+                target: leaving_from - count(group.len()),
+                live: Some(leaving_from),
+                ready: leaving_from,
+                takes_over: false,
+            },
+        ];
+        // The simulated pods always start: the surge's timeout (for pods that never do) is not
+        // modelled, and a shrink waits for every new worker.
+        if surge::step(&deployments, None, DEFAULT_SURGE_TIMEOUT).waiting {
+            return;
+        }
+        let leaving = self.chosen(replaced, group.len(), |w| w.state != State::Gone);
+        for &id in &group {
+            self.workers[id].replaces = None;
+            self.workers[id].stood_in_by = None;
+        }
+        for id in leaving {
+            self.workers[id].standing_in = false;
+            self.retire(id);
+        }
     }
 
     /// Gives `worker` another role; an idle one is to look for work again (`woken`).
@@ -234,18 +325,15 @@ impl Pool {
         self.workers[worker].role = role;
     }
 
-    /// A starting worker is ready: the worker it replaces leaves (its stand-in, or else any
-    /// worker of the replaced role).
+    /// A starting worker is ready: once every worker of its surge is, the workers they take
+    /// over from leave (see [`Self::settle`]).
     pub fn replace(&mut self, starting: usize) {
-        let Some(replaced) = self.workers[starting].replaces.take() else {
+        let Some(replaced) = self.workers[starting].replaces else {
             return;
         };
-        match self.workers[starting].stood_in_by.take() {
-            Some(stand_in) if self.workers[stand_in].committed().is_some() => {
-                self.retire(stand_in);
-            }
-            _ => self.remove(replaced, 1),
-        }
+        // It counts as ready from now: the engine gives it work next.
+        self.workers[starting].state = State::HandingOff;
+        self.settle(replaced);
     }
 
     /// `worker` leaves: at once when it holds no job, after its job otherwise.
@@ -260,23 +348,12 @@ impl Pool {
         }
     }
 
-    /// Removes up to `how_many` workers of `role`: idle and starting ones at once, busy ones
-    /// after their job.
+    /// Removes up to `how_many` workers of `role`, chosen as the operator's drain chooses them
+    /// (starting ones, then idle, then busy): idle and starting ones at once, busy ones after their
+    /// job.
     pub fn remove(&mut self, role: Preference, how_many: usize) {
-        let mut left = how_many;
-        for busy_pass in [false, true] {
-            for id in (0..self.workers.len()).rev() {
-                if left == 0 {
-                    return;
-                }
-                let w = &self.workers[id];
-                let busy = matches!(w.state, State::Busy { .. });
-                if w.committed() != Some(role) || w.standing_in || busy != busy_pass {
-                    continue;
-                }
-                left -= 1;
-                self.retire(id);
-            }
+        for id in self.chosen(role, how_many, |_| true) {
+            self.retire(id);
         }
     }
 
@@ -310,6 +387,17 @@ impl Pool {
         }
         kept
     }
+}
+
+/// A worker's name among the drain's candidates: the newest sorts first among equals.
+fn candidate_name(id: usize) -> String {
+    format!("{:020}", u64::MAX - id as u64)
+}
+
+fn candidate_id(name: &str) -> usize {
+    name.parse::<u64>().map_or(usize::MAX, |n| {
+        usize::try_from(u64::MAX - n).unwrap_or(usize::MAX)
+    })
 }
 
 #[cfg(test)]
@@ -411,5 +499,47 @@ mod tests {
         assert!(pool.workers[3].standing_in);
         assert!(pool.workers[2].standing_in && pool.workers[2].state == busy);
         assert!(!pool.workers[1].standing_in);
+    }
+
+    #[test]
+    fn the_replaced_workers_leave_only_once_every_new_worker_of_the_surge_is_ready() {
+        let mut pool = pool(1, 9);
+        let first = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, false);
+        // A second decision grows the reserve again while the first two start.
+        let second = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 1, false);
+        for id in first.starting {
+            pool.replace(id);
+            pool.set_idle(id);
+        }
+        // As the operator's surge waits for the whole growing Deployment: nobody leaves yet (the
+        // third new worker still starts).
+        assert_eq!(pool.count(Preference::UrgentFirst), 9);
+        assert_eq!(pool.count(Preference::UrgentOnly), 4);
+        for id in second.starting {
+            pool.replace(id);
+            pool.set_idle(id);
+        }
+        assert_eq!(pool.count(Preference::UrgentFirst), 6);
+        assert_eq!(pool.count(Preference::UrgentOnly), 4);
+    }
+
+    #[test]
+    fn the_workers_that_leave_are_the_drains_pick_idle_before_busy() {
+        let mut pool = pool(0, 4);
+        let busy = State::Busy {
+            lane: LaneKind::Batch,
+            submitted: 0,
+        };
+        for id in [0, 1, 3] {
+            pool.leave_idle(id);
+            pool.workers[id].state = busy;
+        }
+        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 1, false);
+        for id in moved.starting {
+            pool.replace(id);
+        }
+        // The idle worker goes at once; the busy ones keep their jobs.
+        assert_eq!(pool.workers[2].state, State::Gone);
+        assert!(pool.workers.iter().all(|w| !w.leaving));
     }
 }
