@@ -171,7 +171,8 @@ pub(super) fn pool(interval: &str) -> LanePool {
     pool
 }
 
-fn settings() -> Settings {
+/// The operator's settings in these tests: its defaults, with short timeouts.
+pub(super) fn settings() -> Settings {
     Settings {
         default_prometheus_url: None,
         windows: QueryWindows {

@@ -1,28 +1,10 @@
 use super::*;
-use crate::controller::Settings;
-use crate::prometheus::{AllowedUrls, QueryWindows};
 
 #[tokio::test]
 async fn a_pool_waiting_for_its_turn_holds_little_memory() {
     let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
-    let settings = Settings {
-        default_prometheus_url: None,
-        windows: QueryWindows {
-            arrival_rate: "30s".into(),
-            recent_arrival_rate: None,
-            scrape_interval: Duration::from_secs(15),
-            job_time: "5m".into(),
-        },
-        write_timeout: Duration::from_secs(10),
-        surge_timeout: Duration::from_secs(120),
-        allowed_prometheus_urls: AllowedUrls::any(),
-        prometheus_concurrency: 10,
-        concurrent_reconciles: 32,
-        idle_workers_first: true,
-        drain_timeout: Duration::from_secs(30),
-        worker_reads: true,
-    };
+    let settings = crate::controller::fake::settings();
     let ctx = Arc::new(Context::new(client, Arc::default(), settings));
     let pool: Arc<LanePool> =
         Arc::new(serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap());
