@@ -219,13 +219,19 @@ impl Pool {
     /// ready first, then those standing in, then idle, handing off, busy; the newest first among
     /// equals.
     fn chosen(&self, role: Preference, k: usize, eligible: impl Fn(&Worker) -> bool) -> Vec<usize> {
+        // The workers standing in for a surge away from `role`: they are its workers still.
+        let standing_in: Vec<usize> = self
+            .workers
+            .iter()
+            .filter(|w| w.committed().is_some() && w.replaces == Some(role))
+            .filter_map(|w| w.stood_in_by)
+            .collect();
         let candidates: Vec<Candidate> = (0..self.workers.len())
             .filter(|&id| {
                 let w = &self.workers[id];
                 let of_role = w.committed() == Some(role) && !w.standing_in;
-                let stood_in = w.committed().is_some()
-                    && w.standing_in
-                    && self.stands_in_for(id) == Some(role);
+                let stood_in =
+                    w.committed().is_some() && w.standing_in && standing_in.contains(&id);
                 (of_role || stood_in) && eligible(w)
             })
             .map(|id| {
@@ -246,14 +252,6 @@ impl Pool {
             .iter()
             .map(|name| candidate_id(name))
             .collect()
-    }
-
-    /// The role whose surge worker `id` stands in for: the role it came from.
-    fn stands_in_for(&self, id: usize) -> Option<Preference> {
-        self.workers
-            .iter()
-            .find(|w| w.stood_in_by == Some(id) && w.committed().is_some())
-            .and_then(|w| w.replaces)
     }
 
     /// Once every new worker taking over from `replaced` is ready (`surge::step`, the operator's
