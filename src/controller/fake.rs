@@ -192,6 +192,70 @@ pub(super) fn settings() -> Settings {
     }
 }
 
+/// The in-memory API: what it keeps, and every request it got.
+struct Api {
+    requests: Arc<Mutex<Vec<Request>>>,
+    deployments: Arc<Deployments>,
+    pods: Arc<PoolIndex<CachedPod>>,
+    pod_objects: Mutex<BTreeMap<String, Pod>>,
+    /// The pool, as a status write answers it.
+    pool: Value,
+}
+
+impl Api {
+    /// The API's answer to one request: (status, body). Writes to Deployments and Pods reach
+    /// the watch caches at once, as a watch would deliver them.
+    fn answer(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        self.requests.lock().unwrap().push(Request {
+            method: method.to_string(),
+            path: path.to_string(),
+            body: body.clone(),
+        });
+        let (deployments, pods, pod_objects) = (&self.deployments, &self.pods, &self.pod_objects);
+        let name = |kind: &str| {
+            path.split(&format!("/{kind}/"))
+                .nth(1)
+                .and_then(|rest| rest.split(['/', '?']).next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        match method {
+            "PATCH" if path.contains("/deployments/") => {
+                let name = name("deployments");
+                let mut held = deployments.lock().unwrap();
+                let mut value = held.1.get(&name).cloned().unwrap_or(body.clone());
+                value["spec"] = body["spec"].clone();
+                let cached: CachedDeployment = serde_json::from_value(value.clone()).unwrap();
+                held.0.apply_watcher_event(&Event::Apply(cached));
+                held.1.insert(name, value.clone());
+                (200, value)
+            }
+            "PATCH" if path.contains("/pods/") => {
+                let name = name("pods");
+                let mut objects = pod_objects.lock().unwrap();
+                let Some(pod) = objects.get_mut(&name) else {
+                    return (404, json!({"kind": "Status", "code": 404}));
+                };
+                if let Some(cost) = body["metadata"]["annotations"][DELETION_COST].as_str() {
+                    pod.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(DELETION_COST.into(), cost.into());
+                }
+                pods.apply(Event::Apply(pod.clone()), CachedPod::of);
+                (200, serde_json::to_value(&*pod).unwrap())
+            }
+            "PATCH" if path.contains("/lanepools/") => {
+                let mut pool = self.pool.clone();
+                pool["status"] = body["status"].clone();
+                (200, pool)
+            }
+            "POST" => (201, body),
+            _ => (404, json!({"kind": "Status", "code": 404})),
+        }
+    }
+}
+
 impl FakeCluster {
     /// `pool` running `live` (every Pod Running and Ready, its worker answering), having decided
     /// `decided` at this process's start (so the next reconcile is not due for an interval),
@@ -208,47 +272,34 @@ impl FakeCluster {
         let pods = Arc::new(PoolIndex::default());
         let replicasets = Arc::new(PoolIndex::default());
         let deployments = Arc::new(Mutex::new((deployment_writer, BTreeMap::new())));
-        let pod_objects: Arc<Mutex<BTreeMap<String, Pod>>> = Arc::default();
-        let service = {
-            let (requests, deployments) = (requests.clone(), deployments.clone());
-            let (pods, pod_objects) = (pods.clone(), pod_objects.clone());
-            let pool = serde_json::to_value(&pool).unwrap();
-            tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
-                let (requests, deployments) = (requests.clone(), deployments.clone());
-                let (pods, pod_objects, pool) = (pods.clone(), pod_objects.clone(), pool.clone());
-                async move {
-                    let (parts, body) = request.into_parts();
-                    let bytes = body
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .unwrap_or_default();
-                    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                    let path = parts.uri.to_string();
-                    let method = parts.method.to_string();
-                    requests.lock().unwrap().push(Request {
-                        method: method.clone(),
-                        path: path.clone(),
-                        body: body.clone(),
-                    });
-                    let answer = Self::answer(
-                        &method,
-                        &path,
-                        body,
-                        &deployments,
-                        &pods,
-                        &pod_objects,
-                        pool,
-                    );
-                    let response = hyper::Response::builder()
-                        .status(answer.0)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(answer.1.to_string())))
-                        .unwrap();
-                    Ok::<_, Infallible>(response)
-                }
-            })
-        };
+        let api = Arc::new(Api {
+            requests: requests.clone(),
+            deployments: deployments.clone(),
+            pods: pods.clone(),
+            pod_objects: Mutex::default(),
+            pool: serde_json::to_value(&pool).unwrap(),
+        });
+        let serving = api.clone();
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            let api = serving.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let (status, answer) =
+                    api.answer(parts.method.as_ref(), &parts.uri.to_string(), body);
+                let response = hyper::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(answer.to_string())))
+                    .unwrap();
+                Ok::<_, Infallible>(response)
+            }
+        });
         let client = kube::Client::new(service, NAMESPACE);
         let ctx = Context::new(client, Arc::default(), settings()).with_fence(fence);
         autoscaler_writer.apply_watcher_event(&Event::Init);
@@ -297,7 +348,10 @@ impl FakeCluster {
                 }))
                 .unwrap();
                 pods.apply(Event::InitApply(pod.clone()), CachedPod::of);
-                pod_objects.lock().unwrap().insert(pod_name.clone(), pod);
+                api.pod_objects
+                    .lock()
+                    .unwrap()
+                    .insert(pod_name.clone(), pod);
                 workers.insert(pod_name, worker);
             }
             let mut held = deployments.lock().unwrap();
@@ -333,61 +387,6 @@ impl FakeCluster {
             workers,
             deployments,
             pods,
-        }
-    }
-
-    /// The API's answer to one request: (status, body). Writes to Deployments and Pods reach
-    /// the watch caches at once, as a watch would deliver them.
-    #[allow(clippy::too_many_arguments)]
-    fn answer(
-        method: &str,
-        path: &str,
-        body: Value,
-        deployments: &Deployments,
-        pods: &PoolIndex<CachedPod>,
-        pod_objects: &Mutex<BTreeMap<String, Pod>>,
-        pool: Value,
-    ) -> (u16, Value) {
-        let name = |kind: &str| {
-            path.split(&format!("/{kind}/"))
-                .nth(1)
-                .and_then(|rest| rest.split(['/', '?']).next())
-                .unwrap_or_default()
-                .to_string()
-        };
-        match method {
-            "PATCH" if path.contains("/deployments/") => {
-                let name = name("deployments");
-                let mut held = deployments.lock().unwrap();
-                let mut value = held.1.get(&name).cloned().unwrap_or(body.clone());
-                value["spec"] = body["spec"].clone();
-                let cached: CachedDeployment = serde_json::from_value(value.clone()).unwrap();
-                held.0.apply_watcher_event(&Event::Apply(cached));
-                held.1.insert(name, value.clone());
-                (200, value)
-            }
-            "PATCH" if path.contains("/pods/") => {
-                let name = name("pods");
-                let mut objects = pod_objects.lock().unwrap();
-                let Some(pod) = objects.get_mut(&name) else {
-                    return (404, json!({"kind": "Status", "code": 404}));
-                };
-                if let Some(cost) = body["metadata"]["annotations"][DELETION_COST].as_str() {
-                    pod.metadata
-                        .annotations
-                        .get_or_insert_default()
-                        .insert(DELETION_COST.into(), cost.into());
-                }
-                pods.apply(Event::Apply(pod.clone()), CachedPod::of);
-                (200, serde_json::to_value(&*pod).unwrap())
-            }
-            "PATCH" if path.contains("/lanepools/") => {
-                let mut pool = pool;
-                pool["status"] = body["status"].clone();
-                (200, pool)
-            }
-            "POST" => (201, body),
-            _ => (404, json!({"kind": "Status", "code": 404})),
         }
     }
 
