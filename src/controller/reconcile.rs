@@ -366,10 +366,13 @@ impl Walk<'_> {
             .status_written
             .is_none_or(|at| self.now.saturating_sub(at) >= STATUS_REFRESH);
         let old = &self.old_status;
-        let written = report::report_decision(
-            pool, ctx, old, decision, applied, conditions, refresh, shown,
-        )
-        .await?;
+        let decided = report::Decided {
+            decision,
+            applied,
+            conditions,
+            refresh,
+        };
+        let written = report::report_decision(pool, ctx, old, decided, shown).await?;
         if written.is_some() {
             memory.status_written = Some(self.now);
         }

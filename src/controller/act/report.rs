@@ -18,21 +18,32 @@ use crate::controller::status::{self, ConditionState};
 use crate::sizing::{Decision, Replicas};
 use crate::{Error, Result};
 
+/// A decision to report: the reserves it changed from (`applied`), its conditions, and whether
+/// the status is written even if it only restates measurements within their tolerance
+/// (`refresh`: the measurements shown are getting old).
+pub(in crate::controller) struct Decided<'a> {
+    pub(in crate::controller) decision: &'a Decision,
+    pub(in crate::controller) applied: Option<&'a Replicas>,
+    pub(in crate::controller) conditions: Vec<ConditionState>,
+    pub(in crate::controller) refresh: bool,
+}
+
 /// Reports a decision: events for resized reserves and lost metrics, the metrics, and the
-/// status, with what runs `shown` on it (see [`with_rollout`]). A status that only restates
-/// measurements within their tolerance is not written unless `refresh` (the measurements shown
-/// are getting old); returns the status written, if it was.
-#[allow(clippy::too_many_arguments)]
+/// status over `old`, with what runs `shown` on it (see [`with_rollout`]); returns the status
+/// written, if it was.
 pub(in crate::controller) async fn report_decision(
     pool: &LanePool,
     ctx: &Context,
     old: &LanePoolStatus,
-    decision: &Decision,
-    applied: Option<&Replicas>,
-    conditions: Vec<ConditionState>,
-    refresh: bool,
+    decided: Decided<'_>,
     shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
 ) -> Result<Option<LanePoolStatus>> {
+    let Decided {
+        decision,
+        applied,
+        conditions,
+        refresh,
+    } = decided;
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
     // Events are independent of one another and of the status: they go out together.
