@@ -8,12 +8,26 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use regex::Regex;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 type Module = Vec<String>;
+
+// The patterns the reader uses, compiled once.
+static COMMENTS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"//[^\n]*").unwrap());
+static STRINGS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r#""(?:\\.|[^"\\])*""#).unwrap());
+static VISIBILITY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"pub\(in [^)]*\)").unwrap());
+static INLINE_MOD: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\bmod\s+\w+\s*\{").unwrap());
+static USE_TREE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[\w\s:{},*]+$").unwrap());
+static REEXPORT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\bpub\s+use\s+([^;]+);").unwrap());
+static USES: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\buse\s+([^;]+);").unwrap());
+static PATHS: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\b((?:crate|super|self)(?:::\w+)+)").unwrap());
+static CHILD_PATHS: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?:^|[^:\w])(\w+)::(\w+)").unwrap());
 
 /// The modules that decide: pure, tested with plain values. A reconcile's I/O is in
 /// `controller/observe/` and `controller/act/`, through `controller/pods/` and the context.
@@ -75,16 +89,12 @@ fn module_of(root: &Path, file: &Path) -> Option<Module> {
 /// The code without comments, string literals and `pub(in …)` paths; inside an inline module
 /// (`mod tests { … }`), `super::` names the file's own module.
 fn code_of(text: &str) -> String {
-    let comments = Regex::new(r"//[^\n]*").unwrap();
-    let strings = Regex::new(r#""(?:\\.|[^"\\])*""#).unwrap();
-    let visibility = Regex::new(r"pub\(in [^)]*\)").unwrap();
-    let text = comments.replace_all(text, "");
-    let text = strings.replace_all(&text, "\"\"");
-    let text = visibility.replace_all(&text, "pub").into_owned();
-    let inline = Regex::new(r"\bmod\s+\w+\s*\{").unwrap();
+    let text = COMMENTS.replace_all(text, "");
+    let text = STRINGS.replace_all(&text, "\"\"");
+    let text = VISIBILITY.replace_all(&text, "pub").into_owned();
     let mut out = String::new();
     let mut at = 0;
-    for found in inline.find_iter(&text) {
+    for found in INLINE_MOD.find_iter(&text) {
         if found.start() < at {
             continue;
         }
@@ -152,8 +162,7 @@ fn use_paths(tree: &str) -> Vec<Vec<String>> {
     }
     // Only a use tree: `use` in text the string filter missed (a raw string, a char) is not one.
     let mut out = Vec::new();
-    let is_tree = Regex::new(r"^[\w\s:{},*]+$").unwrap();
-    if is_tree.is_match(tree) && tree.matches('{').count() == tree.matches('}').count() {
+    if USE_TREE.is_match(tree) && tree.matches('{').count() == tree.matches('}').count() {
         walk(&[], tree, &mut out);
     }
     out
@@ -240,10 +249,9 @@ impl Crate {
     }
 
     fn find_reexports(&mut self) {
-        let reexport = Regex::new(r"\bpub\s+use\s+([^;]+);").unwrap();
         let mut found: BTreeMap<Module, BTreeMap<String, Module>> = BTreeMap::new();
         for (module, code) in &self.code {
-            for tree in reexport.captures_iter(code) {
+            for tree in REEXPORT.captures_iter(code) {
                 for path in use_paths(&tree[1]) {
                     if let Some((home, rest)) = self.resolve(module, &path)
                         && let Some(name) = rest.last()
@@ -260,22 +268,19 @@ impl Crate {
     }
 
     fn find_edges(&mut self) {
-        let uses = Regex::new(r"\buse\s+([^;]+);").unwrap();
-        let paths = Regex::new(r"\b((?:crate|super|self)(?:::\w+)+)").unwrap();
-        let child_paths = Regex::new(r"(?:^|[^:\w])(\w+)::(\w+)").unwrap();
         let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
         for (module, code) in &self.code {
-            let mut named: Vec<Vec<String>> = uses
+            let mut named: Vec<Vec<String>> = USES
                 .captures_iter(code)
                 .flat_map(|c| use_paths(&c[1]))
                 .collect();
             named.extend(
-                paths
+                PATHS
                     .captures_iter(code)
                     .map(|c| c[1].split("::").map(str::to_owned).collect()),
             );
             named.extend(
-                child_paths
+                CHILD_PATHS
                     .captures_iter(code)
                     .filter(|c| !matches!(&c[1], "crate" | "super" | "self"))
                     .map(|c| vec![c[1].to_owned(), c[2].to_owned()]),

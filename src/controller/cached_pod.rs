@@ -15,7 +15,7 @@ use crate::controller::protocol::{DELETION_COST, METRICS_PORT, TAKEOVER_CONDITIO
 /// What the Pod watch cache keeps of a Pod labelled with a pool: what [`Worker`] and the
 /// ownership check read, and nothing else (no labels, managed fields, environment, volumes or
 /// images), so 10,000 cached Pods take a few MB.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(in crate::controller) struct CachedPod {
     pub(in crate::controller) name: String,
     /// The uid of its controller, when that is a ReplicaSet.

@@ -43,15 +43,9 @@ mod tests {
     fn a_worker_reads_as_its_cached_pod_and_names_its_deployment() {
         let cached = CachedPod {
             name: "jobs-shared-abc".into(),
-            replicaset: Some("rs-uid".into()),
-            terminating: false,
-            finished: false,
             ready: true,
             address: Some("10.0.0.7:9100".into()),
-            started: Some("2026-12-02T03:00:00Z".parse().unwrap()),
-            deletion_cost: Some("1000".into()),
-            awaiting_takeover: false,
-            containers_ready: false,
+            ..CachedPod::default()
         };
         let worker = Worker::new(&Arc::new(cached.clone()), "jobs-shared".into());
         assert_eq!(worker.deployment, "jobs-shared");

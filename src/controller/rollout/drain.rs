@@ -297,6 +297,19 @@ pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
     ranked.into_iter().take(k).map(|c| c.name.clone()).collect()
 }
 
+#[cfg(test)]
+impl Candidate {
+    /// A ready worker not yet draining, at `cost`: the candidate most tests choose among.
+    pub(in crate::controller) fn ready_at(name: &str, cost: i32) -> Self {
+        Self {
+            name: name.into(),
+            ready: true,
+            cost,
+            draining: false,
+        }
+    }
+}
+
 impl DrainAnswer {
     /// Its `outcome` label in `lanepool_operator_drain_answers`.
     pub fn outcome(self) -> &'static str {

@@ -116,21 +116,12 @@ mod tests {
         }
     }
 
-    fn candidate(name: &str, cost: i32) -> Candidate {
-        Candidate {
-            name: name.into(),
-            ready: true,
-            cost,
-            draining: false,
-        }
-    }
-
     #[test]
     fn the_workers_that_stand_in_are_the_ones_the_drain_will_stop() {
         let pods = [
-            candidate("deep", 2900),
-            candidate("idle", 0),
-            candidate("ending", 200),
+            Candidate::ready_at("deep", 2900),
+            Candidate::ready_at("idle", 0),
+            Candidate::ready_at("ending", 200),
         ];
         let mut stand_ins = StandIns::default();
         let wanted = stand_in(3, 1);
@@ -142,9 +133,9 @@ mod tests {
         // The shrink grows to 3 → 2 meanwhile: the one standing in the longest stays, even if
         // another is idle now.
         let pods = [
-            candidate("deep", 0),
-            candidate("idle", 0),
-            candidate("ending", 900),
+            Candidate::ready_at("deep", 0),
+            Candidate::ready_at("idle", 0),
+            Candidate::ready_at("ending", 900),
         ];
         let (asked, called_back) = stand_ins.start(&stand_in(3, 2), &pods);
         assert_eq!(asked.len(), 1);
@@ -154,7 +145,11 @@ mod tests {
 
     #[test]
     fn a_worker_that_refuses_is_not_asked_again_and_a_shrink_that_goes_ends_the_stand_ins() {
-        let pods = [candidate("a", 0), candidate("b", 0), candidate("c", 5)];
+        let pods = [
+            Candidate::ready_at("a", 0),
+            Candidate::ready_at("b", 0),
+            Candidate::ready_at("c", 5),
+        ];
         let mut stand_ins = StandIns::default();
         let wanted = stand_in(3, 1);
         stand_ins.start(&wanted, &pods);

@@ -56,15 +56,6 @@ mod tests {
     use crate::controller::rollout::drain::{Candidate, DrainAnswer};
     use std::collections::BTreeMap;
 
-    fn candidate(name: &str, cost: i32) -> Candidate {
-        Candidate {
-            name: name.into(),
-            ready: true,
-            cost,
-            draining: false,
-        }
-    }
-
     #[test]
     fn a_gate_opens_only_for_an_old_worker_drained_and_known_idle() {
         let s = Duration::from_secs;
@@ -78,10 +69,10 @@ mod tests {
             "nothing read yet"
         );
         let candidates = [
-            candidate("a", 3001),
-            candidate("b", 1501),
-            candidate("c", 0),
-            candidate("d", 2001),
+            Candidate::ready_at("a", 3001),
+            Candidate::ready_at("b", 1501),
+            Candidate::ready_at("c", 0),
+            Candidate::ready_at("d", 2001),
         ];
         drain.start(&shrink, &candidates, &[3.0], s(120), s(0));
         let chosen: Vec<String> = drain.pods.keys().cloned().collect();
@@ -116,7 +107,7 @@ mod tests {
         let mut drain = Drain::default();
         drain.start(
             &shrink,
-            &[candidate("a", 0), candidate("b", 0)],
+            &[Candidate::ready_at("a", 0), Candidate::ready_at("b", 0)],
             &[],
             s(120),
             s(0),
@@ -132,7 +123,7 @@ mod tests {
         let mut silent = Drain::default();
         silent.start(
             &shrink,
-            &[candidate("a", 0), candidate("b", 0)],
+            &[Candidate::ready_at("a", 0), Candidate::ready_at("b", 0)],
             &[],
             s(120),
             s(0),
