@@ -168,9 +168,13 @@ impl Walk<'_> {
         if let Some(growth) = &rollout.growth {
             deployments.apply(growth).await?;
         }
-        // Act: the stand-ins, the drains and the readiness gates, each worker read once.
-        // What the last measurement knows, as the steps found it (they change the memory).
-        let (connection, job_seconds) = (memory.connection.clone(), memory.job_seconds.clone());
+        // Act: the stand-ins, the drains and the readiness gates, each worker read once; then
+        // roll out the second half (what goes out now that the drains answered) and rank the
+        // Pods of what shrinks now, idle workers first. The last measurement is lent to these
+        // steps, not copied (it holds the Prometheus connection's certificates), and given back
+        // before anything can return early.
+        let connection = memory.connection.take();
+        let job_seconds = std::mem::take(&mut memory.job_seconds);
         let measured = LastMeasured {
             connection: connection.as_ref(),
             job_seconds: &job_seconds,
@@ -179,12 +183,13 @@ impl Walk<'_> {
         let floors = self
             .stand_in_and_drain(&seen, memory, &rollout, rules, surge_ends)
             .await;
-        // Roll out, the second half: what goes out now that the drains answered.
         let Settled { release, held } =
             rollout.settle(pool, &live, &floors, &memory.drains, (surge_ends, now));
-        // Act: rank the Pods of what shrinks now, idle workers first; apply the rest; remove
-        // what no lane runs once its workers may go.
         self.rank(&seen, memory, &live, &release).await;
+        drop(seen);
+        memory.connection = connection;
+        memory.job_seconds = job_seconds;
+        // Act: apply the rest; remove what no lane runs once its workers may go.
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
         let running = release.replicas.clone();
