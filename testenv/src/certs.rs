@@ -1,9 +1,11 @@
 //! Certificates for the test API server, generated fresh for every control plane: a CA, the
 //! server's serving certificate for 127.0.0.1, an admin client certificate in system:masters,
 //! the service-account signing key, the aggregation layer's front-proxy client certificate, and
-//! KEDA's certificate (its metrics API server and its operator's gRPC service); and, for a Prometheus that serves TLS, a CA of its own,
-//! its serving certificate and a client certificate ([`TlsMaterial`]).
+//! KEDA's certificate (its metrics API server and its operator's gRPC service), the real node's
+//! kubelet certificate; and, for a Prometheus that serves TLS, a CA of its own, its serving
+//! certificate and a client certificate ([`TlsMaterial`]).
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
@@ -32,7 +34,18 @@ pub struct CertFiles {
     /// KEDA's directory: `ca.crt`, and `tls.crt`/`tls.key` for 127.0.0.1 and the metrics API
     /// server's Service name, for serving and as a client (KEDA's gRPC is mutual TLS).
     pub keda_dir: PathBuf,
+    /// The kubelet's client certificate: the node [`NODE_NAME`] (CN `system:node:<name>` in
+    /// `system:nodes`), which the Node authorizer limits to its own Pods.
+    pub kubelet_cert: PathBuf,
+    pub kubelet_key: PathBuf,
 }
+
+/// The name of the real node ([`crate::TestNode`]) the kubelet registers.
+pub const NODE_NAME: &str = "lanepool-node";
+
+/// The first address of the Service range: the `kubernetes` Service, which in-cluster clients
+/// reach the API server through.
+pub const KUBERNETES_SERVICE_IP: [u8; 4] = [10, 0, 0, 1];
 
 /// The Service the aggregation layer reaches KEDA's metrics API server through: its serving
 /// certificate must name it.
@@ -53,8 +66,10 @@ fn certificate_authority(name: &str) -> Result<(Certificate, Issuer<'static, Key
     Ok((ca_cert, Issuer::new(ca_params, ca_key)))
 }
 
-/// Generates the certificates and writes them into `dir`.
-pub fn write(dir: &Path) -> Result<CertFiles> {
+/// Generates the certificates and writes them into `dir`. The API server's serving certificate
+/// names 127.0.0.1, the `kubernetes` Service's address and `host` (the address a real node's Pods
+/// reach it at), when given.
+pub fn write(dir: &Path, host: Option<IpAddr>) -> Result<CertFiles> {
     let (ca_cert, ca) = certificate_authority("lanepool-testenv-ca")?;
 
     let serving_key = KeyPair::generate()?;
@@ -66,6 +81,12 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
     serving
         .subject_alt_names
         .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    serving
+        .subject_alt_names
+        .push(SanType::IpAddress(KUBERNETES_SERVICE_IP.into()));
+    if let Some(host) = host {
+        serving.subject_alt_names.push(SanType::IpAddress(host));
+    }
     serving
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
@@ -82,6 +103,17 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
     let admin_cert = admin.signed_by(&admin_key, &ca)?;
 
     let service_account_key = KeyPair::generate()?;
+
+    let kubelet_key = KeyPair::generate()?;
+    let mut kubelet = CertificateParams::new(Vec::<String>::new())?;
+    kubelet
+        .distinguished_name
+        .push(DnType::CommonName, format!("system:node:{NODE_NAME}"));
+    kubelet
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    kubelet.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let kubelet_cert = kubelet.signed_by(&kubelet_key, &ca)?;
 
     let front_proxy_key = KeyPair::generate()?;
     let mut front_proxy = CertificateParams::new(Vec::<String>::new())?;
@@ -119,6 +151,8 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
         front_proxy_cert: dir.join("front-proxy-client.crt"),
         front_proxy_key: dir.join("front-proxy-client.key"),
         keda_dir: keda_dir.clone(),
+        kubelet_cert: dir.join("kubelet.crt"),
+        kubelet_key: dir.join("kubelet.key"),
     };
     for (path, pem) in [
         (&files.ca, ca_cert.pem()),
@@ -136,6 +170,8 @@ pub fn write(dir: &Path) -> Result<CertFiles> {
         ),
         (&files.front_proxy_cert, front_proxy_cert.pem()),
         (&files.front_proxy_key, front_proxy_key.serialize_pem()),
+        (&files.kubelet_cert, kubelet_cert.pem()),
+        (&files.kubelet_key, kubelet_key.serialize_pem()),
         (&keda_dir.join("ca.crt"), ca_cert.pem()),
         (&keda_dir.join("tls.crt"), keda_cert.pem()),
         (&keda_dir.join("tls.key"), keda_key.serialize_pem()),

@@ -1,7 +1,8 @@
 //! etcd plus kube-apiserver with TLS, RBAC, the aggregation layer and the LanePool CRD installed,
 //! and on request kube-controller-manager (Deployments become ReplicaSets and Pods; owners'
 //! deletions and namespaces are garbage-collected), with its HPA controller and KEDA beside it
-//! for [`Controllers::Autoscalers`]. No scheduler and no kubelet: pods never run by themselves.
+//! for [`Controllers::Autoscalers`]. No scheduler and no kubelet, so Pods never run by
+//! themselves, except with [`Controllers::Node`], for the real node of [`crate::TestNode`].
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -35,6 +36,13 @@ pub enum Controllers {
     /// [`Self::Pods`], plus the horizontal-pod-autoscaler controller and KEDA (its operator and
     /// its external metrics API server, registered through the aggregation layer).
     Autoscalers,
+    /// A cluster for a real node ([`crate::TestNode`] starts the node itself): every controller
+    /// of kube-controller-manager (ServiceAccounts, Services' endpoints, node lifecycle…),
+    /// kube-scheduler, and an API server that Pods reach through the `kubernetes` Service
+    /// (listening on every address and advertising the host's), that mounts ServiceAccount
+    /// tokens into Pods, authorizes kubelets as nodes, and reaches them with a client
+    /// certificate (`kubectl logs`, `exec`).
+    Node { host: std::net::IpAddr },
 }
 
 /// How often the HPA controller evaluates every HPA: kube-controller-manager's default.
@@ -85,14 +93,22 @@ impl ControlPlane {
         let apiserver_bin = tool("kube-apiserver")?;
         let controller_manager_bin = match controllers {
             Controllers::None => None,
-            Controllers::Pods | Controllers::Autoscalers => Some(tool("kube-controller-manager")?),
+            _ => Some(tool("kube-controller-manager")?),
+        };
+        let scheduler_bin = match controllers {
+            Controllers::Node { .. } => Some(tool("kube-scheduler")?),
+            _ => None,
+        };
+        let host = match controllers {
+            Controllers::Node { host } => Some(host),
+            _ => None,
         };
         let keda = match controllers {
             Controllers::Autoscalers => Some(super::keda::Binaries::find()?),
             _ => None,
         };
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-        let certs = certs::write(dir)?;
+        let certs = certs::write(dir, host)?;
 
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
@@ -118,7 +134,7 @@ impl ControlPlane {
         )?;
 
         let port = free_port()?;
-        let args = apiserver_args(&certs, &etcd_url, port, dir);
+        let args = apiserver_args(&certs, &etcd_url, port, dir, host);
         let apiserver = Process::start(
             "kube-apiserver",
             &apiserver_bin,
@@ -154,6 +170,23 @@ impl ControlPlane {
                 &program,
                 &controller_manager_args(&certs, &plane.kubeconfig, controllers),
                 dir.join("kube-controller-manager.log"),
+                lifetime,
+            )?);
+        }
+        if let Some(program) = scheduler_bin {
+            let kubeconfig = plane.kubeconfig.display().to_string();
+            plane.processes.push(Process::start(
+                "kube-scheduler",
+                &program,
+                &[
+                    format!("--kubeconfig={kubeconfig}"),
+                    format!("--authentication-kubeconfig={kubeconfig}"),
+                    format!("--authorization-kubeconfig={kubeconfig}"),
+                    "--leader-elect=false".into(),
+                    "--secure-port=0".into(),
+                    "--v=0".into(),
+                ],
+                dir.join("kube-scheduler.log"),
                 lifetime,
             )?);
         }
@@ -327,12 +360,16 @@ impl ControlPlane {
     }
 }
 
-fn apiserver_args(certs: &CertFiles, etcd_url: &str, port: u16, dir: &Path) -> Vec<String> {
+fn apiserver_args(
+    certs: &CertFiles,
+    etcd_url: &str,
+    port: u16,
+    dir: &Path,
+    node_host: Option<std::net::IpAddr>,
+) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
-    vec![
+    let mut args = vec![
         format!("--etcd-servers={etcd_url}"),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
         format!("--cert-dir={}", dir.join("apiserver-certs").display()),
         format!("--tls-cert-file={}", path(&certs.serving_cert)),
@@ -348,12 +385,7 @@ fn apiserver_args(certs: &CertFiles, etcd_url: &str, port: u16, dir: &Path) -> V
         ),
         "--service-account-issuer=https://kubernetes.default.svc".into(),
         "--service-cluster-ip-range=10.0.0.0/24".into(),
-        "--authorization-mode=RBAC".into(),
         "--allow-privileged=true".into(),
-        // The controller-manager, when it runs, runs no serviceaccount or endpoint controllers:
-        // nothing would create service-account tokens or the kubernetes Service endpoints.
-        "--disable-admission-plugins=ServiceAccount".into(),
-        "--endpoint-reconciler-type=none".into(),
         "--enable-priority-and-fairness=false".into(),
         // The aggregation layer: the API server proxies external.metrics.k8s.io to KEDA's
         // metrics API server with this client certificate, and tells it who asked in these
@@ -367,7 +399,33 @@ fn apiserver_args(certs: &CertFiles, etcd_url: &str, port: u16, dir: &Path) -> V
         format!("--proxy-client-key-file={}", path(&certs.front_proxy_key)),
         "--profiling=false".into(),
         "--v=0".into(),
-    ]
+    ];
+    match node_host {
+        None => args.extend([
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            "--authorization-mode=RBAC".into(),
+            // The controller-manager, when it runs, runs no serviceaccount or endpoint
+            // controllers: nothing would create service-account tokens or the kubernetes
+            // Service endpoints.
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--endpoint-reconciler-type=none".into(),
+        ]),
+        Some(host) => args.extend([
+            // Pods reach the API server at the `kubernetes` Service, which kube-proxy sends to
+            // the advertised address: the host's, since 127.0.0.1 in a Pod is the Pod.
+            "--bind-address=0.0.0.0".into(),
+            format!("--advertise-address={host}"),
+            "--endpoint-reconciler-type=lease".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            // `kubectl logs` and `exec` go through the kubelet, which trusts the cluster's CA.
+            format!("--kubelet-client-certificate={}", path(&certs.admin_cert)),
+            format!("--kubelet-client-key={}", path(&certs.admin_key)),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+        ]),
+    }
+    args
 }
 
 fn controller_manager_args(
@@ -376,7 +434,11 @@ fn controller_manager_args(
     controllers: Controllers,
 ) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
-    let mut names = "deployment,replicaset,garbagecollector,namespace".to_string();
+    let mut names = match controllers {
+        // Every controller but node IPAM (the node's bridge plugin hands out the addresses).
+        Controllers::Node { .. } => "*,-nodeipam".to_string(),
+        _ => "deployment,replicaset,garbagecollector,namespace".to_string(),
+    };
     let mut hpa = Vec::new();
     if controllers == Controllers::Autoscalers {
         names.push_str(",horizontalpodautoscaling");

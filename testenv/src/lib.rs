@@ -11,6 +11,7 @@ mod history;
 mod keda;
 mod kubectl;
 mod kwok;
+mod node;
 mod operator;
 mod pod_workers;
 mod process;
@@ -33,6 +34,7 @@ pub use history::{
     synthetic_day,
 };
 pub use kwok::{Kwok, POD_CIDR};
+pub use node::{NODE_POD_CIDR, TestNode, shared_node};
 pub use operator::InProcessOperator;
 pub use pod_workers::{PodRequests, PodWorkers};
 pub use process::{Lifetime, process_alive, terminate_pid};

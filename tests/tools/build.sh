@@ -64,6 +64,11 @@ build etcd "$etcd_version" ./cmd/etcd "-s -w"
 build kube-apiserver "$k8s_version" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
 build kube-controller-manager "$k8s_version" k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
 build kubectl "$k8s_version" k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
+# The real node (testenv's TestNode): kubelet, kube-proxy for Service addresses, and the scheduler
+# that places a Deployment's Pods on it. Containers run in Debian's containerd and runc.
+build kubelet "$k8s_version" k8s.io/kubernetes/cmd/kubelet "$k8s_ldflags"
+build kube-proxy "$k8s_version" k8s.io/kubernetes/cmd/kube-proxy "$k8s_ldflags"
+build kube-scheduler "$k8s_version" k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
 # The stamp names the Kubernetes version too: a helm built without it is rebuilt.
 build helm "$helm_version+k8s-1.$minor" helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 # KEDA has its own module: its Kubernetes libraries are newer than the pinned API server's.
