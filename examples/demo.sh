@@ -113,7 +113,7 @@ static_split="s/^        max: \([0-9]*\)$/        max: \1/"
 [ -z "$reserve" ] || static_split="s/^        max: [0-9]*$/        min: $reserve\n        max: $reserve/"
 sed -e "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: $grace/" -e "$static_split" \
   -e "s/fallback: [0-9]*ms/fallback: ${urgent_ms}ms/" -e "s|redis://127.0.0.1:6379/0|${REDIS_URL:-}|" \
-  "$manifest" | "$kubectl" apply -f -
+  "$manifest" | "$kubectl" apply -n demo -f -
 for _ in $(seq 120); do
   "$kubectl" -n demo get deployment jobs-shared >/dev/null 2>&1 && break
   sleep 0.5

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need and a fresh machine lacks: Prometheus, Redis and
-# buildah (builds and runs the images without a daemon) from Debian's packages, and the pinned kube-apiserver,
-# kube-controller-manager, etcd, kubectl and helm built from tests/tools/go.mod, and KEDA from
-# tests/tools/keda/go.mod.
+# buildah (builds and runs the images without a daemon), containerd, runc and the CNI plugins (the
+# real node) from Debian's packages, and the pinned kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kube-proxy, etcd, kubectl and helm built from tests/tools/go.mod, and
+# KEDA from tests/tools/keda/go.mod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,17 @@ if ! command -v buildah >/dev/null 2>&1; then
   apt_install buildah ca-certificates
 fi
 echo "setup: $(buildah --version)"
+
+# The real node of tests/node.rs: containerd, runc and the CNI plugins (the kubelet, kube-proxy
+# and kube-scheduler are built below), and a C compiler for its sandbox image's one binary.
+if ! command -v containerd >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 \
+  || [ ! -x /usr/lib/cni/bridge ] || ! command -v cc >/dev/null 2>&1; then
+  echo "setup: installing containerd, runc and the CNI plugins from Debian's packages..."
+  apt_install containerd runc containernetworking-plugins iptables gcc libc6-dev
+  # The package's own containerd serves /run/containerd; the tests start their own.
+  $sudo_cmd systemctl disable --now containerd >/dev/null 2>&1 || $sudo_cmd service containerd stop >/dev/null 2>&1 || true
+fi
+echo "setup: $(containerd --version | cut -d' ' -f1-3), $(runc --version | head -n 1)"
 
 ./tests/tools/build.sh
 

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{LanePool, POOL_LABEL};
+use crate::controller::cut::truncate_bytes;
 use crate::controller::protocol::{DELETION_COST, METRICS_PORT, TAKEOVER_CONDITION};
 
 /// What the Pod watch cache keeps of a Pod labelled with a pool: what [`Worker`] and the
@@ -38,7 +39,28 @@ pub(in crate::controller) struct CachedPod {
     pub(in crate::controller) awaiting_takeover: bool,
     /// Its containers are ready (`ContainersReady`): all a gated Pod lacks is its gate.
     pub(in crate::controller) containers_ready: bool,
+    /// Why it cannot start, when a container waits for a reason of [`CANNOT_START`] (an image
+    /// that cannot be pulled, a missing Secret, a crash loop): the reason, and the kubelet's
+    /// message cut to [`WAITING_MESSAGE_BYTES`].
+    pub(in crate::controller) cannot_start: Option<(&'static str, String)>,
 }
+
+/// The reasons a container waits for that it will not get past by itself: the pool says so
+/// in its status. (`ContainerCreating` and `PodInitializing` pass.)
+pub(in crate::controller) const CANNOT_START: [&str; 8] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
+
+/// The most of a waiting container's message kept: whoever can write the Pod's status writes
+/// it, and it goes into the pool's status.
+pub(in crate::controller) const WAITING_MESSAGE_BYTES: usize = 300;
 
 impl CachedPod {
     pub(in crate::controller) fn of(mut pod: Pod) -> Self {
@@ -51,6 +73,7 @@ impl CachedPod {
             started: started(&pod),
             awaiting_takeover: awaiting_takeover(&pod),
             containers_ready: condition(&pod, "ContainersReady"),
+            cannot_start: cannot_start(&pod),
             deletion_cost: pod
                 .metadata
                 .annotations
@@ -83,6 +106,23 @@ fn condition(pod: &Pod, type_: &str) -> bool {
         .into_iter()
         .flatten()
         .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// The first of the Pod's containers (init containers first) that waits for a reason of
+/// [`CANNOT_START`]: that reason (the constant, not the Pod's text) and its message, cut.
+fn cannot_start(pod: &Pod) -> Option<(&'static str, String)> {
+    let status = pod.status.as_ref()?;
+    let containers = status.init_container_statuses.iter().flatten();
+    containers
+        .chain(status.container_statuses.iter().flatten())
+        .find_map(|c| {
+            let waiting = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = waiting.reason.as_deref()?;
+            let reason = CANNOT_START.into_iter().find(|r| *r == reason)?;
+            let message = waiting.message.as_deref().unwrap_or_default();
+            let message = truncate_bytes(message, WAITING_MESSAGE_BYTES);
+            Some((reason, message.to_owned()))
+        })
 }
 
 /// Whether the ReplicaSet controller counts the Pod as ready: bound, Running and Ready.
@@ -160,6 +200,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_container_that_cannot_start_is_named_with_a_known_reason_and_a_bounded_message() {
+        let waiting = |init: bool, reason: &str, message: &str| -> Pod {
+            let statuses = serde_json::json!([
+                {"name": "worker", "image": "w", "imageID": "", "ready": false,
+                 "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}
+            ]);
+            let field = if init {
+                "initContainerStatuses"
+            } else {
+                "containerStatuses"
+            };
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "status": {"phase": "Pending", field: statuses},
+            }))
+            .unwrap()
+        };
+        let pulled = cannot_start(&waiting(
+            false,
+            "ImagePullBackOff",
+            "Back-off pulling image",
+        ));
+        assert_eq!(
+            pulled,
+            Some(("ImagePullBackOff", "Back-off pulling image".into()))
+        );
+        let init = cannot_start(&waiting(true, "CrashLoopBackOff", "back-off 10s"));
+        assert_eq!(init, Some(("CrashLoopBackOff", "back-off 10s".into())));
+        // On the way up, not stuck.
+        for passing in ["ContainerCreating", "PodInitializing"] {
+            assert_eq!(cannot_start(&waiting(false, passing, "")), None);
+        }
+        // A reason the operator does not know is not copied, whoever wrote the Pod's status.
+        assert_eq!(cannot_start(&waiting(false, "Hostile\nReason", "x")), None);
+        // A message of any length is cut by bytes at a character boundary.
+        let long = "é".repeat(1_000);
+        let (_, message) = cannot_start(&waiting(false, "ErrImagePull", &long)).unwrap();
+        assert!(
+            message.len() <= WAITING_MESSAGE_BYTES && message.len() >= WAITING_MESSAGE_BYTES - 1
+        );
+        assert!(long.starts_with(&message));
+    }
+
+    #[test]
     fn a_pod_is_asked_at_its_metrics_port() {
         let in_phase = |ip: &str, port_name: &str, phase: &str| -> Pod {
             serde_json::from_value(serde_json::json!({
@@ -233,6 +317,7 @@ mod tests {
                 deletion_cost: Some("1000".into()),
                 awaiting_takeover: false,
                 containers_ready: false,
+                cannot_start: None,
             }
         );
         assert!(CachedPod::of(pod(true)).terminating);

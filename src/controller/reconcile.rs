@@ -199,7 +199,9 @@ impl Walk<'_> {
         match decision {
             Some(decision) => {
                 let current = start.current.as_ref();
-                self.report(&decision, current, memory, shown).await?
+                let workers = (pods.cannot_start(), pods.workers().len());
+                self.report(&decision, current, workers, memory, shown)
+                    .await?
             }
             None => self.report_rollout(memory, shown).await?,
         }
@@ -352,12 +354,14 @@ impl Walk<'_> {
         }
     }
 
-    /// Reports a decision: conditions (the autoscaler check and the grace period among them),
-    /// events and the status, written when it changed or its measurements are getting old.
+    /// Reports a decision: conditions (the autoscaler check, the grace period and the workers
+    /// that cannot start among them), events and the status, written when it changed or its
+    /// measurements are getting old.
     async fn report(
         &self,
         decision: &Decision,
         applied: Option<&Replicas>,
+        (stuck, workers): (Vec<(String, &'static str, String)>, usize),
         memory: &mut PoolMemory,
         shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
     ) -> Result<()> {
@@ -365,6 +369,7 @@ impl Walk<'_> {
         let namespace = pool.namespace().unwrap_or_default();
         let hpa = autoscalers::autoscaler_conflict(pool, ctx, &namespace);
         let mut conditions = status::decision_conditions(decision, hpa);
+        status::workers_cannot_start(&mut conditions, &stuck, workers);
         let grace = grace::grace_seconds(pool);
         conditions.push(grace::grace_condition(grace, &memory.job_seconds));
         let refresh = memory

@@ -130,6 +130,44 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Cond
     ]
 }
 
+/// `Ready` turned False when some of the pool's `workers` cannot start (`stuck`: each one's
+/// Pod, the reason its container waits for and the kubelet's message): the reason of the first
+/// as the condition's, and which Pods and why, at most three, as its message.
+pub fn workers_cannot_start(
+    conditions: &mut [ConditionState],
+    stuck: &[(String, &'static str, String)],
+    workers: usize,
+) {
+    let Some((_, reason, _)) = stuck.first() else {
+        return;
+    };
+    let Some(ready) = conditions.iter_mut().find(|c| c.type_ == READY) else {
+        return;
+    };
+    let shown: Vec<String> = stuck
+        .iter()
+        .take(3)
+        .map(|(pod, reason, message)| match message.is_empty() {
+            true => format!("{pod}: {reason}"),
+            false => format!("{pod}: {reason}: {message}"),
+        })
+        .collect();
+    let more = match stuck.len() {
+        0..=3 => String::new(),
+        n => format!(" (and {} more)", n - 3),
+    };
+    *ready = ConditionState::new(
+        READY,
+        false,
+        reason,
+        format!(
+            "{} of {workers} workers cannot start: {}{more}",
+            stuck.len(),
+            shown.join("; ")
+        ),
+    );
+}
+
 /// The status fields a decision for `pool` implies (conditions are merged separately).
 pub fn decision_status(decision: &Decision, pool: &LanePool) -> LanePoolStatus {
     let reserves: Vec<String> = decision
@@ -250,6 +288,35 @@ pub fn scale_note(lane: &LaneDecision, from: Option<i32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_that_cannot_start_turn_ready_false_with_the_first_reason() {
+        let ready = || ConditionState::new(READY, true, "Applied", "applied");
+        let mut conditions = vec![ready()];
+        workers_cannot_start(&mut conditions, &[], 4);
+        assert_eq!(conditions, vec![ready()], "nothing stuck: Ready as decided");
+
+        let stuck: Vec<(String, &'static str, String)> = (0..5)
+            .map(|i| {
+                (
+                    format!("jobs-shared-{i}"),
+                    "ImagePullBackOff",
+                    "Back-off".to_string(),
+                )
+            })
+            .collect();
+        let mut conditions = vec![ready()];
+        workers_cannot_start(&mut conditions, &stuck, 6);
+        let ready = &conditions[0];
+        assert!(!ready.status);
+        assert_eq!(ready.reason, "ImagePullBackOff");
+        assert_eq!(
+            ready.message,
+            "5 of 6 workers cannot start: jobs-shared-0: ImagePullBackOff: Back-off; \
+             jobs-shared-1: ImagePullBackOff: Back-off; jobs-shared-2: ImagePullBackOff: \
+             Back-off (and 2 more)"
+        );
+    }
 
     #[test]
     fn a_scale_event_reads_like_the_guide() {

@@ -41,7 +41,7 @@ pub enum Controllers {
     /// kube-scheduler, and an API server that Pods reach through the `kubernetes` Service
     /// (listening on every address and advertising the host's), that mounts ServiceAccount
     /// tokens into Pods, authorizes kubelets as nodes, and reaches them with a client
-    /// certificate (`kubectl logs`, `exec`).
+    /// certificate (`kubectl logs`, `exec`). The LanePool CRD is not installed: the chart does.
     Node { host: std::net::IpAddr },
 }
 
@@ -195,7 +195,10 @@ impl ControlPlane {
             std::fs::write(dir.join("pids"), pids.join("\n") + "\n")
                 .map_err(io("writing the pid file"))?;
         }
-        plane.install_crd().await?;
+        // A node's cluster gets its CRD the way users install it: from the chart.
+        if host.is_none() {
+            plane.install_crd().await?;
+        }
         if let Some(keda) = keda {
             let processes =
                 super::keda::start(&plane.dir, &plane.kubeconfig, &keda, &certs, lifetime).await?;

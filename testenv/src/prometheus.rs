@@ -142,6 +142,48 @@ impl TestPrometheus {
         Ok(prometheus)
     }
 
+    /// Starts Prometheus in a temporary directory with `scrape_configs` (the YAML list under
+    /// `scrape_configs:`, each job scraping every second unless it says otherwise), listening
+    /// on every address, so the Pods of a real node reach it at the host's.
+    pub fn start_scraping(scrape_configs: &str) -> Result<Self> {
+        let temp = tempfile::Builder::new()
+            .prefix("lanepool-prometheus-")
+            .tempdir()
+            .map_err(io("creating a temporary directory"))?;
+        let dir = temp.path();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n{scrape_configs}"
+            ),
+        )
+        .map_err(io("writing prometheus.yml"))?;
+        let port = free_port()?;
+        let mut prometheus = Self {
+            process: None,
+            args: vec![
+                format!("--config.file={}", config.display()),
+                format!("--storage.tsdb.path={}", dir.join("data").display()),
+                format!("--web.listen-address=0.0.0.0:{port}"),
+                "--log.level=warn".into(),
+            ],
+            dir: dir.to_path_buf(),
+            port,
+            lifetime: Lifetime::Process,
+            tls: None,
+            _temp: Some(temp),
+        };
+        prometheus.resume()?;
+        Ok(prometheus)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Starts Prometheus with its data and configuration in `dir`.
     pub fn start_in(dir: &Path, targets: &[SocketAddr], lifetime: Lifetime) -> Result<Self> {
         Self::configured(dir, "workers", targets, "", lifetime, None)

@@ -63,6 +63,23 @@ impl TestRedis {
         Self::start_on(dir, free_port()?, lifetime)
     }
 
+    /// Starts Redis in a directory of its own, listening on 127.0.0.1 and on `host` too, so
+    /// the Pods of a real node reach it there ([`Self::url_at`]).
+    pub fn start_reachable_at(host: std::net::IpAddr) -> Result<Self> {
+        let mut redis = Self::start()?;
+        redis.stop();
+        let bind = redis
+            .args
+            .iter()
+            .position(|a| a == "--bind")
+            .expect("the bind argument");
+        redis.args[bind + 1] = format!("127.0.0.1 {host}");
+        // Another address than loopback: protected mode would refuse every client there.
+        redis.args.extend(["--protected-mode".into(), "no".into()]);
+        redis.resume()?;
+        Ok(redis)
+    }
+
     /// Starts Redis with its directory `dir`, on `port`.
     pub fn start_on(dir: &Path, port: u16, lifetime: Lifetime) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
@@ -101,6 +118,11 @@ impl TestRedis {
     /// Its URL, such as redis://127.0.0.1:41234/0.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its URL at `host`, for Pods (see [`Self::start_reachable_at`]).
+    pub fn url_at(&self, host: std::net::IpAddr) -> String {
+        format!("redis://{}/0", SocketAddr::new(host, self.port))
     }
 
     pub fn addr(&self) -> SocketAddr {

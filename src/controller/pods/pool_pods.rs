@@ -94,6 +94,21 @@ impl<'a> PoolPods<'a> {
         })
     }
 
+    /// The pool's workers that cannot start, each with why (see `CachedPod::cannot_start`),
+    /// in the order of their names.
+    pub(in crate::controller) fn cannot_start(&self) -> Vec<(String, &'static str, String)> {
+        let mut stuck: Vec<_> = self
+            .workers()
+            .iter()
+            .filter_map(|w| {
+                let (reason, message) = w.cannot_start.clone()?;
+                Some((w.name.clone(), reason, message))
+            })
+            .collect();
+        stuck.sort();
+        stuck
+    }
+
     /// The live workers of the pool's Deployment `deployment`.
     pub(in crate::controller) fn workers_of(&self, deployment: &str) -> Vec<&Worker> {
         self.workers()
