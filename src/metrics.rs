@@ -1,6 +1,7 @@
 //! The operator's own metrics, served on /metrics: reconciles and their errors, each pool's
-//! decision, Prometheus query latency and failures, and writes to the API server. Recording a
-//! metric must never fail or block a reconcile.
+//! decision and conditions, Prometheus query latency and failures, and writes to the API server.
+//! Recording a metric must never fail or block a reconcile, and no value a user writes may add a
+//! series beyond a pool, a lane or a fixed set of names.
 
 use std::time::Duration;
 
@@ -12,9 +13,24 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+use crate::api::LanePoolStatus;
 use crate::sizing::Decision;
 
 type Labels = Vec<(&'static str, String)>;
+
+/// The condition types the operator sets on a LanePool (`controller/status.rs`,
+/// `controller/rollout/grace.rs`): the only ones exported, so a condition someone else writes
+/// into the status adds no series.
+pub const POOL_CONDITION_TYPES: [&str; 5] = [
+    "Ready",
+    "MetricsAvailable",
+    "ScalingLimited",
+    "Paused",
+    "GracePeriodTooShort",
+];
+
+/// A condition's possible statuses: one series each, as kube-state-metrics exports conditions.
+const CONDITION_STATUSES: [&str; 3] = ["True", "False", "Unknown"];
 
 /// Every metric the operator exports.
 pub struct Metrics {
@@ -29,6 +45,9 @@ pub struct Metrics {
     job_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     reserve_capped: Family<Labels, Gauge>,
     failed_intervals: Family<Labels, Gauge>,
+    pool_conditions: Family<Labels, Gauge>,
+    shrink_held: Family<Labels, Gauge>,
+    build_info: Family<Labels, Gauge>,
     query_duration: Histogram,
     query_failures: Counter,
     writes: Family<Labels, Counter>,
@@ -58,6 +77,9 @@ impl Default for Metrics {
             job_seconds: Family::default(),
             reserve_capped: Family::default(),
             failed_intervals: Family::default(),
+            pool_conditions: Family::default(),
+            shrink_held: Family::default(),
+            build_info: Family::default(),
             query_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             query_failures: Counter::default(),
             writes: Family::default(),
@@ -124,6 +146,28 @@ impl Default for Metrics {
             "Intervals in a row in which some reserve lane of the pool could not be measured",
             metrics.failed_intervals.clone(),
         );
+        registry.register(
+            "pool_condition",
+            "A LanePool's status conditions as its status holds them: 1 on the series of the \
+             condition's status (True, False or Unknown), 0 on the other two; only the \
+             operator's own condition types",
+            metrics.pool_conditions.clone(),
+        );
+        registry.register(
+            "shrink_held",
+            "1 while the pool's status.rollout says a shrink waits: for the Deployments taking \
+             over to be ready, or for draining workers to be idle",
+            metrics.shrink_held.clone(),
+        );
+        registry.register(
+            "build_info",
+            "Always 1, with the operator's version: exported by every replica, leader or not",
+            metrics.build_info.clone(),
+        );
+        metrics
+            .build_info
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])
+            .set(1);
         registry.register(
             "prometheus_query_duration_seconds",
             "Latency of queries to Prometheus",
@@ -262,6 +306,40 @@ impl Metrics {
             .set(i64::from(decision.failed_intervals));
     }
 
+    /// The status written on `pool` (or found already as it should be): its conditions, one
+    /// series per condition type and status, and whether a shrink waits. A type the status no
+    /// longer carries has its series removed.
+    pub fn reported(&self, namespace: &str, pool: &str, status: &LanePoolStatus) {
+        let pool_labels = vec![
+            ("namespace", namespace.to_string()),
+            ("pool", pool.to_string()),
+        ];
+        for type_ in POOL_CONDITION_TYPES {
+            let condition = status.conditions.iter().find(|c| c.type_ == type_);
+            for value in CONDITION_STATUSES {
+                let labels = condition_labels(&pool_labels, type_, value);
+                match condition {
+                    Some(c) => {
+                        // Anything but True or False reads as Unknown.
+                        let is = match c.status.as_str() {
+                            "True" | "False" => c.status == value,
+                            _ => value == "Unknown",
+                        };
+                        self.pool_conditions
+                            .get_or_create(&labels)
+                            .set(i64::from(is));
+                    }
+                    None => {
+                        self.pool_conditions.remove(&labels);
+                    }
+                }
+            }
+        }
+        self.shrink_held
+            .get_or_create(&pool_labels)
+            .set(i64::from(status.rollout.is_some()));
+    }
+
     /// Removes a deleted pool's series, so the operator stops exporting it.
     pub fn forget(&self, namespace: &str, pool: &str, lanes: impl IntoIterator<Item = String>) {
         let pool_labels = vec![
@@ -282,6 +360,13 @@ impl Metrics {
             self.stand_in_answers.remove(&labels);
         }
         self.busy_workers_stopped.remove(&pool_labels);
+        self.shrink_held.remove(&pool_labels);
+        for type_ in POOL_CONDITION_TYPES {
+            for value in CONDITION_STATUSES {
+                let labels = condition_labels(&pool_labels, type_, value);
+                self.pool_conditions.remove(&labels);
+            }
+        }
         for lane in lanes {
             let mut labels = pool_labels.clone();
             labels.push(("lane", lane));
@@ -382,5 +467,132 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &self.registry);
         text
+    }
+}
+
+fn condition_labels(pool_labels: &Labels, type_: &str, status: &str) -> Labels {
+    let mut labels = pool_labels.clone();
+    labels.push(("type", type_.to_string()));
+    labels.push(("status", status.to_string()));
+    labels
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    fn condition(type_: &str, status: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "Because".into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    fn status(conditions: &[(&str, &str)], rollout: Option<&str>) -> LanePoolStatus {
+        LanePoolStatus {
+            conditions: conditions
+                .iter()
+                .map(|(type_, status)| condition(type_, status))
+                .collect(),
+            rollout: rollout.map(String::from),
+            ..LanePoolStatus::default()
+        }
+    }
+
+    /// The value of the series `name{labels}` in `text`, if it is exported.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    fn ready(text: &str, status: &str) -> Option<f64> {
+        value(
+            text,
+            &format!(
+                "lanepool_operator_pool_condition{{namespace=\"team\",pool=\"jobs\",\
+                 type=\"Ready\",status=\"{status}\"}}"
+            ),
+        )
+    }
+
+    #[test]
+    fn each_condition_is_one_series_per_status_with_only_its_own_set() {
+        let metrics = Metrics::default();
+        metrics.reported(
+            "team",
+            "jobs",
+            &status(&[("Ready", "False"), ("ScalingLimited", "True")], None),
+        );
+        let text = metrics.render();
+        assert_eq!(ready(&text, "False"), Some(1.0), "{text}");
+        assert_eq!(ready(&text, "True"), Some(0.0), "{text}");
+        assert_eq!(ready(&text, "Unknown"), Some(0.0), "{text}");
+        let limited = "lanepool_operator_pool_condition{namespace=\"team\",pool=\"jobs\",\
+                       type=\"ScalingLimited\",status=\"True\"}";
+        assert_eq!(value(&text, limited), Some(1.0), "{text}");
+        // A type the status does not carry has no series.
+        assert!(!text.contains("type=\"Paused\""), "{text}");
+
+        // Ready turns True: the same series, their values swapped.
+        metrics.reported("team", "jobs", &status(&[("Ready", "True")], None));
+        let text = metrics.render();
+        assert_eq!(ready(&text, "True"), Some(1.0), "{text}");
+        assert_eq!(ready(&text, "False"), Some(0.0), "{text}");
+        assert!(!text.contains("type=\"ScalingLimited\""), "{text}");
+    }
+
+    #[test]
+    fn conditions_others_write_add_no_series() {
+        let metrics = Metrics::default();
+        let written = status(&[("Ready", "Maybe"), ("SomeoneElses", "True")], None);
+        metrics.reported("team", "jobs", &written);
+        let text = metrics.render();
+        assert!(!text.contains("SomeoneElses"), "{text}");
+        assert_eq!(ready(&text, "Unknown"), Some(1.0), "{text}");
+        assert!(!text.contains("status=\"Maybe\""), "{text}");
+    }
+
+    #[test]
+    fn a_held_shrink_is_exported_while_the_status_says_it_waits() {
+        let metrics = Metrics::default();
+        let held = "lanepool_operator_shrink_held{namespace=\"team\",pool=\"jobs\"}";
+        let waiting = Some("Deployment jobs-shared runs 9, shrinks to 7 once …");
+        metrics.reported("team", "jobs", &status(&[], waiting));
+        assert_eq!(value(&metrics.render(), held), Some(1.0));
+        metrics.reported("team", "jobs", &status(&[], None));
+        assert_eq!(value(&metrics.render(), held), Some(0.0));
+    }
+
+    #[test]
+    fn a_deleted_pool_leaves_no_condition_series_behind() {
+        let metrics = Metrics::default();
+        let every = POOL_CONDITION_TYPES.map(|type_| (type_, "True"));
+        metrics.reported("team", "jobs", &status(&every, Some("waits")));
+        metrics.reported("team", "other", &status(&every, None));
+        metrics.forget("team", "jobs", Vec::new());
+        let text = metrics.render();
+        assert!(!text.contains("pool=\"jobs\""), "{text}");
+        assert_eq!(
+            text.matches("lanepool_operator_pool_condition{").count(),
+            POOL_CONDITION_TYPES.len() * CONDITION_STATUSES.len(),
+            "the other pool's stay: {text}"
+        );
+    }
+
+    #[test]
+    fn the_build_info_is_exported_before_any_pool() {
+        let text = Metrics::default().render();
+        let info = format!(
+            "lanepool_operator_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&text, &info), Some(1.0), "{text}");
     }
 }

@@ -328,9 +328,22 @@ fn optional_resources_render_only_when_enabled() {
             .contains("rate(lanepool_operator_prometheus_query_failures_total{"),
         "{alerts:?}"
     );
-    assert!(
-        alerts["LanePoolOperatorDown"].contains("job=\"lanepool-metrics\""),
-        "the job label is the Service's name: {alerts:?}"
+    // The operator's own series by the release namespace, not by the job name a scrape config
+    // gives it; what every replica always exports tells whether it is scraped at all.
+    assert_eq!(
+        alerts["LanePoolOperatorDown"],
+        "absent(lanepool_operator_build_info{namespace=\"lanepool-system\"})",
+        "{alerts:?}"
+    );
+    let chosen = template(&[
+        "prometheusRule.enabled=true",
+        "prometheusRule.selector=cluster=\"eu-1\"",
+    ])
+    .unwrap();
+    assert_eq!(
+        alerts_of(&chosen)["LanePoolOperatorDown"]["expr"],
+        "absent(lanepool_operator_build_info{cluster=\"eu-1\"})",
+        "prometheusRule.selector replaces the namespace"
     );
 
     let pdb = of_kind(&enabled, "PodDisruptionBudget")[0];
@@ -343,6 +356,93 @@ fn optional_resources_render_only_when_enabled() {
     let pdb = of_kind(&pdb, "PodDisruptionBudget")[0];
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert!(pdb["spec"].get("maxUnavailable").is_none());
+}
+
+/// Every alert of the PrometheusRule in `documents`, by name, across its groups.
+fn alerts_of(documents: &[Value]) -> BTreeMap<String, Value> {
+    of_kind(documents, "PrometheusRule")[0]["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|group| group["rules"].as_array().unwrap())
+        .map(|rule| (rule["alert"].as_str().unwrap().to_string(), rule.clone()))
+        .collect()
+}
+
+/// GitHub's anchor for a markdown heading (as tests/docs.rs spells it): lower case, spaces to
+/// `-`, every other character but letters, digits, `-` and `_` dropped.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_links_a_runbook_section_that_exists() {
+    const BASE: &str = "https://github.com/lanepool/lanepool/blob/main/";
+    let alerts = alerts_of(&template(&["prometheusRule.enabled=true"]).unwrap());
+    assert!(alerts.len() >= 9, "{:?}", alerts.keys());
+    for (name, rule) in &alerts {
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_default();
+        let (page, anchor) = url
+            .strip_prefix(BASE)
+            .and_then(|rest| rest.split_once('#'))
+            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not {BASE}<page>#<anchor>"));
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(page);
+        let markdown = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{name}: {url} names {}: {e}", path.display()));
+        let headings: BTreeSet<String> = markdown
+            .lines()
+            .filter(|line| line.starts_with('#'))
+            .map(|line| github_anchor(line.trim_start_matches('#')))
+            .collect();
+        assert!(
+            headings.contains(anchor),
+            "{name}: no heading #{anchor} in {page}"
+        );
+        assert_eq!(anchor, name.to_lowercase(), "{name}: its own section");
+    }
+    // The page is a value, for runbooks kept elsewhere.
+    let moved = template(&[
+        "prometheusRule.enabled=true",
+        "prometheusRule.runbookBaseUrl=https://runbooks.example.com/lanepool",
+    ])
+    .unwrap();
+    assert_eq!(
+        alerts_of(&moved)["LanePoolNotReady"]["annotations"]["runbook_url"],
+        "https://runbooks.example.com/lanepool#lanepoolnotready"
+    );
+}
+
+#[test]
+fn no_alert_depends_on_the_job_a_scrape_config_names() {
+    for (name, rule) in alerts_of(&template(&["prometheusRule.enabled=true"]).unwrap()) {
+        let expr = rule["expr"].as_str().unwrap();
+        // No matcher on `job` (`job=`, `job=~`, `job!=`, `job!~`).
+        assert!(
+            !expr.contains("job=") && !expr.contains("job!"),
+            "{name}: {expr}"
+        );
+        // Each reads operator series by name, and the operator's own by the release namespace.
+        if let Some(own) = ["build_info", "reconcile_errors", "query_failures"]
+            .iter()
+            .find(|metric| expr.contains(*metric))
+        {
+            assert!(
+                expr.contains("{namespace=\"lanepool-system\"}"),
+                "{name} reads {own} in the release namespace: {expr}"
+            );
+        }
+    }
 }
 
 /// The rule groups the chart's PrometheusRule renders, as a Prometheus rules file.
@@ -370,7 +470,9 @@ fn promtool(command: &str, file: &std::path::Path) -> (bool, String) {
 
 /// Series one minute apart for `promtool test rules`: a pool whose urgent lane waits ~0.5 s for
 /// 20 ms jobs on a capped reserve, whose batch lane completes nothing with 50 jobs waiting, and
-/// whose metrics have failed one more interval every minute.
+/// whose metrics have failed one more interval every minute; Ready=False from the start, scraped
+/// from the leader `a` until 20m and from `b`, the new leader, after; a shrink held from 5m. The
+/// operator is scraped under a job name of the user's own, not the chart's.
 const POOL_SERIES: &str = r#"
 - series: 'lanepool_job_wait_seconds_bucket{namespace="team",pool="jobs",lane="urgent",le="0.1"}'
   values: '0+0x60'
@@ -388,12 +490,30 @@ const POOL_SERIES: &str = r#"
   values: '50+0x60'
 - series: 'lanepool_queue_depth{namespace="team",pool="jobs",lane="urgent"}'
   values: '0+0x60'
-- series: 'lanepool_operator_reserved_workers{job="lanepool-metrics",namespace="team",pool="jobs",lane="urgent"}'
+- series: 'lanepool_operator_reserved_workers{job="my-scrape",namespace="team",pool="jobs",lane="urgent"}'
   values: '4+0x60'
-- series: 'lanepool_operator_reserve_capped{job="lanepool-metrics",namespace="team",pool="jobs",lane="urgent"}'
+- series: 'lanepool_operator_reserve_capped{job="my-scrape",namespace="team",pool="jobs",lane="urgent"}'
   values: '1+0x60'
-- series: 'lanepool_operator_metrics_failed_intervals{job="lanepool-metrics",namespace="team",pool="jobs"}'
+- series: 'lanepool_operator_metrics_failed_intervals{job="my-scrape",namespace="team",pool="jobs"}'
   values: '0+1x60'
+- series: 'lanepool_operator_pool_condition{job="my-scrape",instance="a",namespace="team",pool="jobs",type="Ready",status="False"}'
+  values: '1x19'
+- series: 'lanepool_operator_pool_condition{job="my-scrape",instance="a",namespace="team",pool="jobs",type="Ready",status="True"}'
+  values: '0x19'
+- series: 'lanepool_operator_pool_condition{job="my-scrape",instance="b",namespace="team",pool="jobs",type="Ready",status="False"}'
+  values: '_x20 1x39'
+- series: 'lanepool_operator_pool_condition{job="my-scrape",instance="b",namespace="team",pool="jobs",type="Ready",status="True"}'
+  values: '_x20 0x39'
+- series: 'lanepool_operator_pool_condition{job="my-scrape",instance="a",namespace="team",pool="jobs",type="ScalingLimited",status="True"}'
+  values: '1x59'
+- series: 'lanepool_operator_shrink_held{job="my-scrape",instance="a",namespace="team",pool="jobs"}'
+  values: '0x4 1x55'
+"#;
+
+/// What every replica of the operator exports, scraped under a job name of the user's own.
+const BUILD_INFO: &str = r#"
+series: 'lanepool_operator_build_info{job="my-scrape",namespace="lanepool-system",version="0.1.0"}'
+values: '1x59'
 "#;
 
 #[test]
@@ -418,7 +538,7 @@ fn the_pool_alerts_pass_promtool_and_fire_on_the_guides_symptoms() {
     std::fs::write(&bare_file, serde_yaml::to_string(&bare).unwrap()).unwrap();
     let lane = |lane: &str| json!({"namespace": "team", "pool": "jobs", "lane": lane, "severity": "warning"});
     let operator = |mut labels: Value| {
-        labels["job"] = json!("lanepool-metrics");
+        labels["job"] = json!("my-scrape");
         labels
     };
     let firing = |alert: &str, at: &str, labels: Vec<Value>| {
@@ -428,14 +548,39 @@ fn the_pool_alerts_pass_promtool_and_fire_on_the_guides_symptoms() {
             "exp_alerts": labels.into_iter().map(|l| json!({"exp_labels": l})).collect::<Vec<_>>(),
         })
     };
-    let pool = json!({"namespace": "team", "pool": "jobs", "severity": "warning", "job": "lanepool-metrics"});
+    let pool =
+        json!({"namespace": "team", "pool": "jobs", "severity": "warning", "job": "my-scrape"});
+    // The condition alerts keep only the pool: the same alert whichever replica leads.
+    let pool_only = json!({"namespace": "team", "pool": "jobs", "severity": "warning"});
+    let series: Vec<Value> = serde_yaml::from_str(POOL_SERIES).unwrap();
+    let mut scraped = series.clone();
+    scraped.push(serde_yaml::from_str(BUILD_INFO).unwrap());
     let tests = json!({
         "rule_files": [bare_file],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
-            "input_series": serde_yaml::from_str::<Value>(POOL_SERIES).unwrap(),
+            "input_series": series,
             "alert_rule_test": [
+                // Nothing of the operator in the release namespace: it is down, at 5m.
+                firing("LanePoolOperatorDown", "4m", vec![]),
+                firing("LanePoolOperatorDown", "5m", vec![
+                    json!({"namespace": "lanepool-system", "severity": "critical"}),
+                ]),
+            ],
+        }, {
+            "interval": "1m",
+            "input_series": scraped,
+            "alert_rule_test": [
+                firing("LanePoolOperatorDown", "30m", vec![]),
+                // Ready=False for notReadyFor (10m); still firing at 25m, after the new leader
+                // took over at 20m, though its own series is only 5 minutes old.
+                firing("LanePoolNotReady", "9m", vec![]),
+                firing("LanePoolNotReady", "10m", vec![pool_only.clone()]),
+                firing("LanePoolNotReady", "25m", vec![pool_only.clone()]),
+                // Held from 5m, for shrinkHeldFor (15m).
+                firing("LanePoolShrinkHeld", "19m", vec![]),
+                firing("LanePoolShrinkHeld", "20m", vec![pool_only]),
                 // Each holds for `for` (15m) before firing; none fires before.
                 firing("LanePoolReserveTooSmall", "10m", vec![]),
                 firing("LanePoolReserveTooSmall", "30m", vec![lane("urgent")]),
@@ -1254,15 +1399,19 @@ async fn the_chart_rules_load_into_prometheus_and_an_outage_alert_fires_from_the
     );
     let metrics = operator.metrics();
     let target = testenv::serve_metrics(move || metrics.render()).unwrap();
+    // A static target has no namespace label: the operator's own series are told by its address.
+    let selector = format!("prometheusRule.selector=instance=\"{target}\"");
     let documents = template(&[
         "prometheusRule.enabled=true",
         "prometheusRule.metricsFailedIntervals=2",
+        "prometheusRule.notReadyFor=2s",
+        &selector,
     ])
     .unwrap();
     let rules = json!({ "groups": of_kind(&documents, "PrometheusRule")[0]["spec"]["groups"] });
-    // The job the chart's ServiceMonitor gives the operator's Service, "<release>-metrics".
+    // A scrape job of the user's own, not the chart's ServiceMonitor's "<release>-metrics".
     let prometheus = TestPrometheus::start_with_rules(
-        "lanepool-metrics",
+        "my-own-scrape",
         &[target],
         &serde_yaml::to_string(&rules).unwrap(),
     )
@@ -1277,30 +1426,62 @@ async fn the_chart_rules_load_into_prometheus_and_an_outage_alert_fires_from_the
         serde_yaml::from_str(include_str!("fixtures/formula-pool.yaml")).unwrap();
     pool.spec.interval = lanepool::duration::KubeDuration::new("5s");
     pool.spec.prometheus = None;
-    Api::<LanePool>::namespaced(client.clone(), &namespace)
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
+    // A second pool that cannot be Ready: it names a Secret that does not exist.
+    let mut unready = pool.clone();
+    unready.metadata.name = Some("unready".into());
+    unready.spec.prometheus = Some(
+        serde_json::from_value(json!({
+            "url": "https://127.0.0.1:9",
+            "bearerTokenSecret": {"name": "missing", "key": "token"},
+        }))
+        .unwrap(),
+    );
+    let lanepools = Api::<LanePool>::namespaced(client.clone(), &namespace);
+    for pool in [&pool, &unready] {
+        lanepools
+            .create(&PostParams::default(), pool)
+            .await
+            .unwrap();
+    }
 
-    let firing = move || {
+    let firing = move |name: &'static str| {
         let (_, body) = testenv::http_get(addr, "/api/v1/alerts").unwrap_or_default();
         let alerts: Value = serde_json::from_str(&body).unwrap_or_default();
         alerts["data"]["alerts"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|a| {
-                a["labels"]["alertname"] == "LanePoolMetricsUnavailable" && a["state"] == "firing"
-            })
+            .find(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
             .cloned()
     };
     let ns = namespace.clone();
     until(60, "LanePoolMetricsUnavailable firing", || {
         let ns = ns.clone();
-        async move { firing().is_some_and(|a| a["labels"]["namespace"] == ns.as_str()) }
+        async move {
+            firing("LanePoolMetricsUnavailable")
+                .is_some_and(|a| a["labels"]["namespace"] == ns.as_str())
+        }
     })
     .await;
-    let alert = firing().unwrap();
+    // The operator's Ready=False, through its condition metric, fires the alert on that pool.
+    let ns = namespace.clone();
+    until(60, "LanePoolNotReady firing", || {
+        let ns = ns.clone();
+        async move {
+            firing("LanePoolNotReady").is_some_and(|a| {
+                a["labels"]["namespace"] == ns.as_str() && a["labels"]["pool"] == "unready"
+            })
+        }
+    })
+    .await;
+    let not_ready = firing("LanePoolNotReady").unwrap();
+    assert!(
+        not_ready["annotations"]["runbook_url"]
+            .as_str()
+            .is_some_and(|url| url.ends_with("/docs/operations.md#lanepoolnotready")),
+        "{not_ready}"
+    );
+    let alert = firing("LanePoolMetricsUnavailable").unwrap();
     assert_eq!(alert["labels"]["pool"], "jobs", "{alert}");
     assert!(
         alert["annotations"]["description"]
@@ -1320,8 +1501,14 @@ async fn the_chart_rules_load_into_prometheus_and_an_outage_alert_fires_from_the
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(rules.len(), 7, "{body}");
-    for rule in rules {
+    assert_eq!(rules.len(), 9, "{body}");
+    for rule in &rules {
         assert_eq!(rule["health"], "ok", "{rule}");
     }
+    // The operator is scraped, under a job name the chart never heard of: it is not down.
+    let down = rules
+        .iter()
+        .find(|rule| rule["name"] == "LanePoolOperatorDown")
+        .unwrap();
+    assert_eq!(down["state"], "inactive", "{down}");
 }

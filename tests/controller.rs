@@ -1669,6 +1669,16 @@ async fn a_deleted_pool_stops_being_exported() {
     world
         .until(30, "the pool's series exported", || async { exported() })
         .await;
+    // Its conditions too, as its status holds them, so their removal is what is checked below.
+    let ready = format!(
+        "lanepool_operator_pool_condition{{namespace=\"{}\",pool=\"jobs\",type=\"Ready\",status=\"True\"}} 1",
+        world.namespace
+    );
+    world
+        .until(30, "the pool's Ready condition exported", || async {
+            metrics.render().lines().any(|line| line == ready)
+        })
+        .await;
     Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
         .delete("jobs", &Default::default())
         .await

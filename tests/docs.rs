@@ -129,6 +129,74 @@ fn every_crd_field_is_in_the_reference() {
     );
 }
 
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("a source directory") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, files);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The reasons of the events the operator writes: each literal one
+/// (`ctx.event(pool, EventType::Normal, "Scaled", …)`), the reasons of a failed reconcile
+/// (`Error::reason`) but `NotLeader`, which the write fence keeps from being published, and the
+/// warning conditions' reasons that are also events.
+fn event_reasons() -> BTreeSet<String> {
+    let literal = regex::Regex::new(r#"EventType::(?:Normal|Warning),\s*"(\w+)""#).unwrap();
+    let mut files = Vec::new();
+    rust_files(&Path::new(ROOT).join("src/controller"), &mut files);
+    let mut reasons: BTreeSet<String> = files
+        .iter()
+        .flat_map(|file| {
+            let text = read(file);
+            literal
+                .captures_iter(&text)
+                .map(|c| c[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let error = read(&Path::new(ROOT).join("src/error.rs"));
+    let body = error
+        .split("pub fn reason(&self)")
+        .nth(1)
+        .and_then(|rest| rest.split("\n    }\n").next())
+        .expect("Error::reason in src/error.rs");
+    let arm = regex::Regex::new(r#"=>\s*\{?\s*"(\w+)""#).unwrap();
+    reasons.extend(arm.captures_iter(body).map(|c| c[1].to_string()));
+    reasons.remove("NotLeader");
+    reasons.extend(["JobLongerThanGracePeriod", "TotalBelowReserves"].map(String::from));
+    reasons
+}
+
+#[test]
+fn every_event_reason_the_operator_writes_is_in_the_reference() {
+    let reasons = event_reasons();
+    for known in ["Scaled", "Draining", "StandingIn", "MissingSecret"] {
+        assert!(
+            reasons.contains(known),
+            "{known} not found in the code: {reasons:?}"
+        );
+    }
+    let reference = read(&Path::new(ROOT).join(REFERENCE));
+    let table = reference
+        .split("### Events\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/reference.md has an Events section");
+    let missing: Vec<&String> = reasons
+        .iter()
+        .filter(|reason| !table.contains(&format!("`{reason}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "event reasons missing from the reference's Events table: {missing:?}"
+    );
+}
+
 #[test]
 fn the_reference_names_no_field_the_crd_lacks() {
     let documented = documented_fields(&read(&Path::new(ROOT).join(REFERENCE)));

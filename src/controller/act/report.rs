@@ -106,6 +106,8 @@ pub(in crate::controller) async fn report_decision(
     // The recent rate is counted over about one interval (a read of the workers).
     let recent_window = pool.spec.interval.get().unwrap_or(Duration::from_secs(5));
     if !refresh && status::settled(old, &new, recent_window) {
+        // The status stands as written: the conditions it shows are exported as they are.
+        ctx.metrics.reported(&namespace, &name, old);
         events.await;
         return Ok(None);
     }
@@ -141,6 +143,8 @@ pub(in crate::controller) async fn report_paused(pool: &LanePool, ctx: &Context)
         "spec.paused is true: the Deployments are left alone",
     )];
     let mut new = old.clone();
+    // Paused, the Deployments are left alone: no shrink waits.
+    new.rollout = None;
     new.conditions = status::merge_conditions(
         &old.conditions,
         &observed,
@@ -229,31 +233,35 @@ pub(in crate::controller) async fn report_failure(pool: &LanePool, ctx: &Context
     }
 }
 
+/// Writes `new` over `old` when they differ; once the status on the cluster is `new`, its
+/// conditions and held shrink are exported (`lanepool_operator_pool_condition`,
+/// `lanepool_operator_shrink_held`). A status not written (refused, timed out, or not the leader)
+/// leaves the series as they were: they say what `kubectl describe` says.
 pub(in crate::controller) async fn write_status(
     pool: &LanePool,
     ctx: &Context,
     old: &LanePoolStatus,
     new: LanePoolStatus,
 ) -> Result<()> {
-    if *old == new {
-        return Ok(());
+    let namespace = pool.namespace().unwrap_or_default();
+    if *old != new {
+        let api: Api<LanePool> = Api::namespaced(ctx.client.clone(), &namespace);
+        let patch = serde_json::json!({
+            "apiVersion": LanePool::api_version(&()),
+            "kind": LanePool::kind(&()),
+            "status": &new,
+        });
+        ctx.write(
+            format!("writing the status of {}", pool.name_any()),
+            api.patch_status(
+                &pool.name_any(),
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&patch),
+            ),
+        )
+        .await?;
     }
-    let api: Api<LanePool> =
-        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": LanePool::api_version(&()),
-        "kind": LanePool::kind(&()),
-        "status": new,
-    });
-    ctx.write(
-        format!("writing the status of {}", pool.name_any()),
-        api.patch_status(
-            &pool.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        ),
-    )
-    .await?;
+    ctx.metrics.reported(&namespace, &pool.name_any(), &new);
     Ok(())
 }
 
@@ -263,6 +271,19 @@ mod tests {
 
     use super::*;
     use crate::api::LaneStatus;
+    use crate::metrics::POOL_CONDITION_TYPES;
+
+    #[test]
+    fn every_condition_the_operator_sets_is_exported() {
+        let set = [
+            status::READY,
+            status::METRICS_AVAILABLE,
+            status::SCALING_LIMITED,
+            status::PAUSED,
+            GRACE_PERIOD_TOO_SHORT,
+        ];
+        assert_eq!(POOL_CONDITION_TYPES, set);
+    }
 
     fn decided(reserve: i32) -> LanePoolStatus {
         LanePoolStatus {

@@ -21,7 +21,11 @@ mod whole {
 
     use std::sync::atomic::Ordering;
 
+    use k8s_openapi::jiff::Timestamp;
+
+    use crate::api::LanePoolStatus;
     use crate::controller::fake::{FakeCluster, pool, replicas};
+    use crate::controller::state::pools::PoolKey;
     use crate::leader::Fence;
 
     const RESERVED: &str = "jobs-urgent-reserved";
@@ -36,6 +40,20 @@ mod whole {
             worker.busy.store(true, Ordering::SeqCst);
         }
         cluster
+    }
+
+    /// Says the pool's status was last written this process's start, Ready, as after a decision.
+    fn shown_ready(cluster: &FakeCluster) {
+        use crate::controller::status::{self, ConditionState};
+        let ready = ConditionState::new(status::READY, true, "Applied", "applied");
+        let conditions = status::merge_conditions(&[], &[ready], Some(1), Timestamp::now());
+        cluster.ctx.remember(PoolKey::of(&cluster.pool), |memory| {
+            memory.shown = Some(LanePoolStatus {
+                conditions,
+                last_decision: Some("urgent 2, shared 3".into()),
+                ..LanePoolStatus::default()
+            });
+        });
     }
 
     #[tokio::test]
@@ -106,6 +124,7 @@ mod whole {
     #[tokio::test]
     async fn workers_that_cannot_be_heard_hold_the_shrink() {
         let cluster = growing_reserve(Fence::open()).await;
+        shown_ready(&cluster);
         cluster.reconcile().await;
         cluster.ready(RESERVED, 2);
         // No shared worker answers, and there is no Prometheus to ask: whom to stop is unknown.
@@ -127,11 +146,20 @@ mod whole {
             requests.iter().all(|r| !r.path.contains("/pods/")),
             "no Pod marked to go: {requests:?}"
         );
+        // What the status says is what an alert reads: applied, and a shrink waiting.
+        let text = cluster.ctx.metrics.render();
+        for series in [
+            "lanepool_operator_shrink_held{namespace=\"team\",pool=\"jobs\"} 1",
+            "lanepool_operator_pool_condition{namespace=\"team\",pool=\"jobs\",type=\"Ready\",status=\"True\"} 1",
+        ] {
+            assert!(text.lines().any(|line| line == series), "{series}:\n{text}");
+        }
     }
 
     #[tokio::test]
     async fn a_replica_that_does_not_lead_writes_nothing_and_asks_no_worker_to_drain() {
         let cluster = growing_reserve(Fence::closed()).await;
+        shown_ready(&cluster);
         cluster.ready(RESERVED, 2);
         for _ in 0..3 {
             // Its writes are refused before they are sent: the reconcile fails, and says why.
@@ -148,5 +176,12 @@ mod whole {
             .collect();
         assert!(writes.is_empty(), "{writes:?}");
         assert_eq!(cluster.worker_posts(), 0);
+        // Nor does it export the Ready=False it could not write: the leader's conditions are the
+        // pool's.
+        let text = cluster.ctx.metrics.render();
+        assert!(
+            !text.contains("lanepool_operator_pool_condition{"),
+            "{text}"
+        );
     }
 }
