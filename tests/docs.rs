@@ -144,7 +144,7 @@ fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
 /// The reasons of the events the operator writes: each literal one
 /// (`ctx.event(pool, EventType::Normal, "Scaled", …)`), the reasons of a failed reconcile
 /// (`Error::reason`) but `NotLeader`, which the write fence keeps from being published, and the
-/// warning conditions' reasons that are also events.
+/// warning conditions' reasons that are also events, and `WorkersCannotStart` (a constant).
 fn event_reasons() -> BTreeSet<String> {
     let literal = regex::Regex::new(r#"EventType::(?:Normal|Warning),\s*"(\w+)""#).unwrap();
     let mut files = Vec::new();
@@ -168,7 +168,14 @@ fn event_reasons() -> BTreeSet<String> {
     let arm = regex::Regex::new(r#"=>\s*\{?\s*"(\w+)""#).unwrap();
     reasons.extend(arm.captures_iter(body).map(|c| c[1].to_string()));
     reasons.remove("NotLeader");
-    reasons.extend(["JobLongerThanGracePeriod", "TotalBelowReserves"].map(String::from));
+    reasons.extend(
+        [
+            "JobLongerThanGracePeriod",
+            "TotalBelowReserves",
+            "WorkersCannotStart",
+        ]
+        .map(String::from),
+    );
     reasons
 }
 

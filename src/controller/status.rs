@@ -17,6 +17,8 @@ pub const SCALING_LIMITED: &str = "ScalingLimited";
 /// plus shared.minReplicas and the reserves were cut.
 pub const BELOW_RESERVES: &str = "TotalBelowReserves";
 pub const PAUSED: &str = "Paused";
+/// The Warning event when `Ready` turns False because workers cannot start.
+pub const WORKERS_CANNOT_START: &str = "WorkersCannotStart";
 
 /// A condition before timestamps: type, status, reason, message.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -93,6 +93,22 @@ pub(in crate::controller) async fn report_decision(
             ));
         }
     }
+    // Workers that cannot start (an image that cannot be pulled, a crash loop): once when
+    // Ready turns False for it, or for another reason.
+    let cannot_start = conditions
+        .iter()
+        .find(|c| c.type_ == status::READY && !c.status && c.reason != "Applied");
+    if let Some(stuck) = cannot_start {
+        let was = old.conditions.iter().find(|c| c.type_ == status::READY);
+        if was.is_none_or(|c| c.status != "False" || c.reason != stuck.reason) {
+            events.push(ctx.event(
+                pool,
+                EventType::Warning,
+                status::WORKERS_CANNOT_START,
+                stuck.message.clone(),
+            ));
+        }
+    }
     ctx.metrics.decided(&namespace, &name, decision);
     let mut new = status::decision_status(decision, pool);
     new.conditions = status::merge_conditions(
