@@ -1,7 +1,8 @@
 //! The images images/build.sh builds, run the way a cluster runs them: the operator's own binary,
 //! from its image, as user 65532 on a read-only root, sizes a pool on the real API server from the
 //! real Prometheus; the worker's binary, from its image, takes jobs from the example queue; and
-//! neither image holds anything but its binary (no shell, no package manager).
+//! neither image holds anything but its binary (no shell, no package manager). The Python
+//! workers' image runs its RQ worker the same way, against a real Redis.
 //!
 //! buildah runs them (`buildah run --isolation chroot`, no daemon). It cannot make a container's
 //! root read-only itself, so `run_from_image` does what a runtime does for readOnlyRootFilesystem:
@@ -36,7 +37,7 @@ fn registry() -> &'static testenv::TestRegistry {
 }
 
 /// Runs images/build.sh once per test binary (cargo makes it a no-op when nothing changed),
-/// pushing both images to [`registry`], and returns target/images/.
+/// pushing the images to [`registry`], and returns target/images/.
 fn images() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -630,6 +631,216 @@ fn the_worker_from_its_image_takes_jobs_from_the_example_queue() {
     );
 }
 
+// ---- The Python workers from their image ----
+
+impl FromImage {
+    /// Waits for the command to end (a command that runs to its end, not a worker).
+    fn finished(&mut self, seconds: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                _ => panic!("still running after {seconds} s:\n{}", self.output()),
+            }
+        }
+    }
+}
+
+/// The value of the first series of `metrics` whose line starts with `series` (name and labels).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn the_python_worker_image_holds_the_package_its_commands_and_the_demo_jobs() {
+    let container = Container::from_archive("python-worker");
+    let (files, bytes) = container.files();
+    for present in [
+        "opt/lanepool/bin/lanepool-rq-worker",
+        "opt/lanepool/bin/lanepool-redis-worker",
+        "opt/lanepool/bin/celery",
+        "app/examples/redis/jobs.py",
+        "app/examples/redis/celery_app.py",
+    ] {
+        assert!(files.contains(present), "python-worker lacks {present}");
+    }
+    // No pip cache, no compiler, no build backend: only what runs the workers.
+    for absent in [
+        "root/.cache/pip",
+        "usr/bin/gcc",
+        "usr/bin/cc",
+        "tmp/lanepool-worker",
+    ] {
+        assert!(!files.contains(absent), "python-worker holds {absent}");
+    }
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.contains("site-packages/setuptools/")),
+        "python-worker holds setuptools"
+    );
+
+    let config = container.config();
+    assert_eq!(config["User"], format!("{USER}:{USER}"));
+    assert_eq!(config["WorkingDir"], "/app");
+    assert!(config["ExposedPorts"]["9100/tcp"].is_object(), "{config}");
+    // What examples/redis/lanepool-rq.yaml runs, from the working directory.
+    assert_eq!(
+        config["Cmd"],
+        json!(["lanepool-rq-worker", "--path", "examples/redis"])
+    );
+
+    let archive = images().join("python-worker.tar");
+    let index = Command::new("tar")
+        .arg("-xOf")
+        .arg(&archive)
+        .arg("index.json")
+        .output()
+        .unwrap();
+    let index: Value = serde_json::from_slice(&index.stdout).expect("an OCI index.json");
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        format!("ghcr.io/lanepool/python-worker:{VERSION}")
+    );
+    let size = std::fs::metadata(&archive).unwrap().len();
+    eprintln!(
+        "python-worker: archive {:.1} MiB, unpacked {:.1} MiB",
+        size as f64 / 1048576.0,
+        bytes as f64 / 1048576.0
+    );
+    assert!(
+        bytes < 250 << 20,
+        "the Python image unpacks to {bytes} bytes"
+    );
+}
+
+#[test]
+fn the_rq_worker_from_its_image_takes_an_urgent_job_and_serves_the_lane_metrics() {
+    let redis = testenv::TestRedis::start().expect("redis-server starts");
+    let container = Container::from_archive("python-worker");
+    let metrics_port = testenv::free_port().unwrap();
+    // The image's own command, as examples/redis/lanepool-rq.yaml runs it.
+    let argv: Vec<String> = serde_json::from_value(container.config()["Cmd"].clone()).unwrap();
+    let worker = run_from_image(
+        &container,
+        &[],
+        &[
+            ("LANEPOOL_LANES", "urgent,batch".into()),
+            ("LANEPOOL_ROLE", "shared".into()),
+            ("LANEPOOL_POOL", "jobs".into()),
+            ("LANEPOOL_REDIS_URL", redis.url()),
+            ("LANEPOOL_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
+            ("HOSTNAME", "worker-from-image".into()),
+        ],
+        &argv,
+    );
+    // The comm of a script run by its #! line: its name, cut to 15 bytes.
+    let pid = worker.process("lanepool-rq-wor");
+    assert_runs_as_65532_on_a_read_only_root(pid);
+    let metrics: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !testenv::http_get(metrics, "/metrics").is_ok_and(|(status, _)| status == 200) {
+        assert!(
+            Instant::now() < deadline,
+            "no /metrics within 30 s; the worker said:\n{}",
+            worker.output()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // One urgent job of the demo (examples/redis/jobs.py), enqueued by the image's own RQ.
+    let enqueue = format!(
+        "from redis import Redis\nfrom rq import Queue\n\
+         print(Queue('urgent', connection=Redis.from_url('{}')).enqueue('jobs.sleep_job', 0.05).id)",
+        redis.url()
+    );
+    let mut producer = run_from_image(
+        &container,
+        &[],
+        &[],
+        &["python3".into(), "-c".into(), enqueue],
+    );
+    assert!(producer.finished(30), "enqueue: {}", producer.output());
+    // The job's id (a UUID), once the reading thread has it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let job_id = loop {
+        let output = producer.output();
+        if let Some(id) = output
+            .lines()
+            .find(|l| l.len() == 36 && l.matches('-').count() == 4)
+        {
+            break id.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no job id from the enqueue: {output}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let (_, body) = testenv::http_get(metrics, "/metrics").unwrap();
+        if sample(
+            &body,
+            "lanepool_job_duration_seconds_count{lane=\"urgent\"}",
+        ) == Some(1.0)
+        {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the urgent job not counted within 20 s:\n{body}\nthe worker said:\n{}",
+            worker.output()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        sample(&done, "lanepool_job_wait_seconds_count{lane=\"urgent\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&done, "lanepool_job_duration_seconds_count{lane=\"batch\"}"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&done, "lanepool_worker_busy"), Some(0.0));
+    assert_eq!(
+        sample(&done, "lanepool_queue_depth{lane=\"urgent\"}"),
+        Some(0.0)
+    );
+    // The job itself ran: the demo's ledger has it finished.
+    assert_eq!(
+        redis.integer(&["SISMEMBER", "lanepool-demo:finished", &job_id]),
+        1,
+        "job {job_id} finished; the worker said:\n{}",
+        worker.output()
+    );
+
+    // SIGTERM to the worker (as the kubelet sends it): RQ's warm shutdown, and it ends.
+    // SAFETY: kill(2) on the worker this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop on SIGTERM:\n{}",
+            worker.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        worker.output().contains("warm shut down requested"),
+        "{}",
+        worker.output()
+    );
+}
+
 /// `helm` (the pinned one) with a home of this test's own; (success, stdout, stderr).
 fn helm(args: &[&str]) -> (bool, String, String) {
     let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("images-helm-home");
@@ -651,8 +862,8 @@ fn helm(args: &[&str]) -> (bool, String, String) {
 async fn the_chart_and_images_install_from_the_registry_by_digest() {
     let dir = images();
     let registry = registry();
-    // Both images are in the registry under the crate's version, at the digests the build wrote.
-    for name in ["lanepool", "lane-worker"] {
+    // The images are in the registry under the crate's version, at the digests the build wrote.
+    for name in ["lanepool", "lane-worker", "python-worker"] {
         let written = std::fs::read_to_string(dir.join(format!("{name}.digest")))
             .unwrap_or_else(|e| panic!("target/images/{name}.digest: {e}"));
         let served = registry.digest(&format!("lanepool/{name}"), VERSION);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the tests and the demo need and a fresh machine lacks: Prometheus, Redis and
-# buildah (builds and runs the images without a daemon), containerd, runc and the CNI plugins (the
-# real node) from Debian's packages, and the pinned kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kube-proxy, etcd, kubectl and helm built from tests/tools/go.mod, and
-# KEDA from tests/tools/keda/go.mod.
+# Installs what the tests and the demo need and a fresh machine lacks, from Debian's packages:
+# Prometheus, Redis, buildah (builds and runs the images without a daemon), debootstrap (the
+# Python image's base), and containerd, runc and the CNI plugins (the real node); then builds the
+# pinned tools (tests/tools/build.sh: the control plane, the node's kubelet, kube-proxy and
+# kube-scheduler, helm, KEDA, a registry and a Prometheus with Kubernetes discovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +41,11 @@ if ! command -v buildah >/dev/null 2>&1; then
   apt_install buildah ca-certificates
 fi
 echo "setup: $(buildah --version)"
+# The Python workers' image is built on a Debian root that images/python-base.sh makes.
+if ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then
+  echo "setup: installing debootstrap from Debian's package..."
+  apt_install debootstrap
+fi
 
 # The real node of tests/node.rs: containerd, runc and the CNI plugins (the kubelet, kube-proxy
 # and kube-scheduler are built below), and a C compiler for its sandbox image's one binary.
