@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use super::certs::{TlsMaterial, tls_material};
 use super::process::{Lifetime, Process, which};
 use crate::error::{Result, TestEnvError, io};
+use crate::tools::tool;
 use crate::wait::free_port;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,6 +61,8 @@ pub struct TestPrometheus {
     port: u16,
     lifetime: Lifetime,
     tls: Option<Tls>,
+    /// The pinned build, or `None` for Debian's on the PATH.
+    program: Option<PathBuf>,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -142,9 +145,11 @@ impl TestPrometheus {
         Ok(prometheus)
     }
 
-    /// Starts Prometheus in a temporary directory with `scrape_configs` (the YAML list under
-    /// `scrape_configs:`, each job scraping every second unless it says otherwise), listening
-    /// on every address, so the Pods of a real node reach it at the host's.
+    /// Starts the pinned Prometheus (`target/tools/prometheus`, built with Kubernetes service
+    /// discovery, which Debian's leaves out) in a temporary directory with `scrape_configs`
+    /// (the YAML list under `scrape_configs:`, each job scraping every second unless it says
+    /// otherwise), listening on every address, so the Pods of a real node reach it at the
+    /// host's.
     pub fn start_scraping(scrape_configs: &str) -> Result<Self> {
         let temp = tempfile::Builder::new()
             .prefix("lanepool-prometheus-")
@@ -173,6 +178,7 @@ impl TestPrometheus {
             port,
             lifetime: Lifetime::Process,
             tls: None,
+            program: Some(tool("prometheus")?),
             _temp: Some(temp),
         };
         prometheus.resume()?;
@@ -240,6 +246,7 @@ impl TestPrometheus {
             port,
             lifetime,
             tls,
+            program: None,
             _temp: None,
         };
         prometheus.resume()?;
@@ -292,10 +299,13 @@ impl TestPrometheus {
 
     /// Starts Prometheus again on the same port and data, and waits until it is ready.
     pub fn resume(&mut self) -> Result<()> {
-        let program = which("prometheus").ok_or_else(|| TestEnvError::ToolMissing {
-            tool: "prometheus".into(),
-            path: PathBuf::from("/usr/bin/prometheus"),
-        })?;
+        let program = match &self.program {
+            Some(pinned) => pinned.clone(),
+            None => which("prometheus").ok_or_else(|| TestEnvError::ToolMissing {
+                tool: "prometheus".into(),
+                path: PathBuf::from("/usr/bin/prometheus"),
+            })?,
+        };
         let process = Process::start(
             "prometheus",
             &program,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the pinned control-plane tools (kube-apiserver, kube-controller-manager, kubectl, etcd,
-# helm), KEDA (its operator and metrics API server, from keda/go.mod) and an OCI registry
-# (distribution, from registry/go.mod) into target/tools/ and skips any already built at the
-# pinned version. The first build takes several minutes.
+# helm, and the real node's kubelet, kube-proxy and kube-scheduler), KEDA (its operator and
+# metrics API server, from keda/go.mod), an OCI registry (distribution, from registry/go.mod) and
+# a Prometheus with Kubernetes service discovery (prometheus/go.mod) into target/tools/, and skips
+# any already built at the pinned version. The first build takes several minutes.
 # `build.sh kwok` builds kwok alone (from kwok/go.mod), for the scale benchmark.
 set -euo pipefail
 
@@ -33,8 +34,8 @@ keda_version=$(awk '$1 == "require" && $2 == "github.com/kedacore/keda/v2" { pri
 keda_ldflags="-s -w -X github.com/kedacore/keda/v2/version.Version=$keda_version"
 registry_version=$(awk '$1 == "require" && $2 == "github.com/distribution/distribution/v3" { print $3 }' "$here/registry/go.mod")
 
-build() { # name version package ldflags [module dir]
-  local name=$1 version=$2 pkg=$3 ldflags=$4 dir=${5:-$here}
+build() { # name version package ldflags [module dir] [build tags]
+  local name=$1 version=$2 pkg=$3 ldflags=$4 dir=${5:-$here} tags=${6:-}
   local stamp="$out/.$name.version"
   if [ -x "$out/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$version" ]; then
     echo "tools: $name $version already built"
@@ -42,7 +43,7 @@ build() { # name version package ldflags [module dir]
   fi
   echo "tools: building $name $version (the first build takes minutes)..."
   local start=$SECONDS
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$pkg")
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$out/$name" "$pkg")
   echo "$version" >"$stamp"
   echo "tools: built $name in $((SECONDS - start)) s"
 }
@@ -77,6 +78,12 @@ build keda-adapter "$keda_version" github.com/kedacore/keda/v2/cmd/adapter "$ked
 # The registry the images and the chart are pushed to and installed from.
 build registry "$registry_version" github.com/distribution/distribution/v3/cmd/registry \
   "-s -w -X github.com/distribution/distribution/v3/version.version=$registry_version" "$here/registry"
+# Prometheus with Kubernetes service discovery, which Debian's package leaves out: the real node's
+# tests find the worker Pods through it. Only that discoverer is built in.
+prometheus_version=$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" { print $3 }' "$here/prometheus/go.mod")
+build prometheus "$prometheus_version" github.com/prometheus/prometheus/cmd/prometheus \
+  "-s -w -X github.com/prometheus/common/version.Version=$prometheus_version" "$here/prometheus" \
+  "remove_all_sd,enable_kubernetes_sd"
 # KEDA's CRDs, from the same module: the tests install them before starting the operator.
 crds="$out/keda-crds"
 if [ "$(cat "$crds/.version" 2>/dev/null)" != "$keda_version" ]; then
