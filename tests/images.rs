@@ -46,29 +46,11 @@ fn images() -> &'static Path {
             buildah.is_ok_and(|o| o.status.success()),
             "buildah is not installed: run ./tests/setup.sh (it installs Debian's buildah)"
         );
-        let mut build = Command::new(format!("{ROOT}/images/build.sh"));
-        build.env("LANEPOOL_IMAGE_BUILDER", "buildah");
-        build.env("LANEPOOL_IMAGE_PUSH", registry().host());
-        without_cargos_test_variables(&mut build);
-        let started = Instant::now();
-        let status = build.status().expect("running images/build.sh");
-        assert!(status.success(), "images/build.sh failed");
-        eprintln!("images/build.sh took {:.0?}", started.elapsed());
+        let dir = testenv::build_and_push_images(&registry().host()).expect("images/build.sh");
         // A storage of this run's own, so no container of an earlier run is in the way.
         let _ = std::fs::remove_dir_all(storage());
-        PathBuf::from(ROOT).join("target/images")
+        dir
     })
-}
-
-/// Without the variables cargo set for this test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some build
-/// scripts rerun when they change, and the outer build would then be redone.
-fn without_cargos_test_variables(command: &mut Command) {
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_") && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
-            command.env_remove(&*name);
-        }
-    }
 }
 
 fn storage() -> PathBuf {
@@ -540,7 +522,7 @@ impl Queue {
         build
             .args(["build", "--quiet", "--example", "lane_queue"])
             .current_dir(ROOT);
-        without_cargos_test_variables(&mut build);
+        testenv::without_cargos_test_variables(&mut build);
         let exe = std::env::current_exe().unwrap();
         let profile = exe.parent().and_then(Path::parent).unwrap();
         if profile.ends_with("release") {
@@ -844,18 +826,7 @@ fn the_rq_worker_from_its_image_takes_an_urgent_job_and_serves_the_lane_metrics(
 /// `helm` (the pinned one) with a home of this test's own; (success, stdout, stderr).
 fn helm(args: &[&str]) -> (bool, String, String) {
     let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("images-helm-home");
-    let output = Command::new(testenv::tool("helm").expect("helm is built by tests/setup.sh"))
-        .args(args)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .expect("helm runs");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    testenv::helm(&home, args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,8 +18,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
-    self as testenv, Controllers, InProcessOperator, Reply, TestPrometheus, TestRedis, example,
-    python_program,
+    self as testenv, Controllers, InProcessOperator, TestPrometheus, TestRedis, example, now_unix,
+    p99, python_program,
 };
 use serde_json::{Value, json};
 
@@ -29,9 +29,6 @@ const URGENT_MS: u64 = 50;
 /// cut its job short.
 const BATCH_MS: u64 = 3000;
 const GRACE_SECONDS: i64 = 1;
-const SUBMITTED: &str = "lanepool-demo:submitted";
-const STARTED: &str = "lanepool-demo:started";
-const FINISHED: &str = "lanepool-demo:finished";
 
 /// A child process killed (with its workers: they die with their kubelet) when dropped.
 struct Killed(Child);
@@ -257,87 +254,6 @@ impl World {
         }
         most
     }
-
-    /// The end of a run, once the producer stopped: the batch jobs still queued (the list
-    /// `batch_list`) are taken away at once (RENAME is atomic: no worker takes one between the
-    /// count and the taking away) and counted, and the urgent ones and the jobs in hand run to
-    /// their end; then every job's ledger.
-    async fn settle(&self, urgent_list: &str, batch_list: &str) -> Ledger {
-        let left = format!("left:{batch_list}");
-        // A list already empty is no key: RENAME answers an error, and nothing is left.
-        let _ = self.redis.command(&["RENAME", batch_list, &left]);
-        let queued = self.count(&["LLEN", &left]);
-        let settled = testenv::poll_until(Duration::from_secs(30), || async {
-            self.count(&["LLEN", urgent_list]) == 0
-                && self.count(&["SCARD", STARTED]) == self.count(&["SCARD", FINISHED])
-        })
-        .await;
-        let finished = self.count(&["SCARD", FINISHED]);
-        Ledger {
-            settled: settled.is_some(),
-            cut_short: self.count(&["SCARD", STARTED]) - finished,
-            lost: self.count(&["SCARD", SUBMITTED]) - finished - queued,
-        }
-    }
-
-    fn count(&self, words: &[&str]) -> i64 {
-        self.redis.integer(words)
-    }
-
-    /// The waits (enqueued to started) of the urgent jobs that started between `from` and `to`
-    /// (Unix seconds), in seconds, from RQ's own job records.
-    fn urgent_waits(&self, from: f64, to: f64) -> Vec<f64> {
-        let Ok(Reply::Array(ids)) = self.redis.command(&["SMEMBERS", STARTED]) else {
-            panic!("no ledger of started jobs");
-        };
-        let mut waits = Vec::new();
-        for id in ids {
-            let Reply::Bulk(Some(id)) = id else { continue };
-            let key = format!("rq:job:{id}");
-            let Ok(Reply::Array(fields)) =
-                self.redis
-                    .command(&["HMGET", &key, "origin", "enqueued_at", "started_at"])
-            else {
-                continue;
-            };
-            let text: Vec<Option<String>> = fields
-                .into_iter()
-                .map(|f| match f {
-                    Reply::Bulk(v) => v,
-                    _ => None,
-                })
-                .collect();
-            let [Some(origin), Some(enqueued), Some(started)] = &text[..] else {
-                continue;
-            };
-            let (Some(enqueued), Some(started)) = (unix(enqueued), unix(started)) else {
-                continue;
-            };
-            if origin == "urgent" && started >= from && started < to {
-                waits.push(started - enqueued);
-            }
-        }
-        waits
-    }
-}
-
-/// An RQ timestamp (`2026-12-05T00:01:02.123456Z`) as Unix seconds.
-fn unix(text: &str) -> Option<f64> {
-    let at: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
-    Some(at.as_millisecond() as f64 / 1000.0)
-}
-
-fn now_unix() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-fn p99(mut values: Vec<f64>) -> f64 {
-    assert!(!values.is_empty(), "no values");
-    values.sort_by(f64::total_cmp);
-    values[(values.len() * 99).div_ceil(100) - 1]
 }
 
 /// A profile: `normal` s at 10/s, `spike` s at 60/s, `after` s at 10/s again.
@@ -367,15 +283,6 @@ impl Profile {
             (at(b + 10), at(c) - 1),
         ]
     }
-}
-
-/// Every job's ledger at the end of a run: cut short = started and never finished; lost =
-/// submitted, not finished and not still queued.
-struct Ledger {
-    /// The jobs in hand and the urgent ones queued all finished.
-    settled: bool,
-    cut_short: i64,
-    lost: i64,
 }
 
 /// What one run of the profile showed.
@@ -457,18 +364,25 @@ async fn run_profile(world: &World, profile: Profile) -> Run {
         tokio::time::sleep(Duration::from_secs(2)).await;
         reserved.push(world.replicas("jobs-urgent-reserved").await);
         shared.push(world.replicas("jobs-shared").await);
-        batch_done.push(world.count(&["ZCARD", "rq:finished:batch"]));
+        batch_done.push(world.redis.integer(&["ZCARD", "rq:finished:batch"]));
     }
     drop(producer);
-    let ledger = world.settle("rq:queue:urgent", "rq:queue:batch").await;
+    let ledger = world
+        .redis
+        .settle("rq:queue:urgent", "rq:queue:batch")
+        .await;
     let (normal_end, end) = (profile.normal as f64, profile.seconds() as f64);
     Run {
         profile,
         reserved,
         shared,
         batch_done,
-        normal: world.urgent_waits(started_at + normal_end - 25.0, started_at + normal_end),
-        after: world.urgent_waits(started_at + end - 15.0, started_at + end),
+        normal: world
+            .redis
+            .rq_urgent_waits(started_at + normal_end - 25.0, started_at + normal_end),
+        after: world
+            .redis
+            .rq_urgent_waits(started_at + end - 15.0, started_at + end),
         settled: ledger.settled,
         cut_short: ledger.cut_short,
         lost: ledger.lost,
@@ -570,7 +484,7 @@ async fn celery_run(world: &World) -> CeleryRun {
     }
     drop(producer);
     // Celery's queue is the lane's list, the key of the lane's name.
-    let ledger = world.settle("urgent", "batch").await;
+    let ledger = world.redis.settle("urgent", "batch").await;
     let decision = pools
         .get("jobs")
         .await

@@ -8,9 +8,11 @@ mod control_plane;
 mod error;
 mod examples;
 mod history;
+mod images;
 mod keda;
 mod kubectl;
 mod kwok;
+mod ledger;
 mod node;
 mod operator;
 mod pod_workers;
@@ -33,7 +35,9 @@ pub use history::{
     DAY_CREATED, DAY_OUTAGE, DAY_PEAK, DAY_SPIKES, RecordedLane, Recording, day_urgent_rate,
     synthetic_day,
 };
+pub use images::{build_and_push_images, helm, push_chart, without_cargos_test_variables};
 pub use kwok::{Kwok, POD_CIDR};
+pub use ledger::{FINISHED, Ledger, STARTED, SUBMITTED, now_unix, p99};
 pub use node::{NODE_POD_CIDR, TestNode, shared_node};
 pub use operator::InProcessOperator;
 pub use pod_workers::{PodRequests, PodWorkers};
