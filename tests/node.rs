@@ -193,6 +193,26 @@ impl World {
         )
     }
 
+    /// The restarts of every container of `pool`'s Pods, summed.
+    fn container_restarts(&self, pool: &str) -> i64 {
+        let selector = format!("lanepool.dev/pool={pool}");
+        let pods = self
+            .kubectl
+            .json(&["get", "pods", "-n", POOLS, "-l", &selector]);
+        pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|pod| {
+                pod["status"]["containerStatuses"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+            .sum()
+    }
+
     /// The names of the ReplicaSets of the pool `jobs`.
     fn pool_replicasets(&self) -> Vec<String> {
         let (_, names) = self.kubectl.run(&[
@@ -576,6 +596,46 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
         world.running_workers("jobs") == 10
     })
     .await;
+
+    // The node's own processes killed (SIGKILL) and started again, 3 s down each: containerd,
+    // then the kubelet. The workers' containers are not their children: the same Pods run on,
+    // none restarted, and the node reports Ready again.
+    let workers = world.worker_uids();
+    let restarts = world.container_restarts("jobs");
+    let killed_at = Timestamp::now();
+    for process in ["containerd", "kubelet"] {
+        world
+            .node
+            .restart(process, Duration::from_secs(3))
+            .await
+            .unwrap_or_else(|e| panic!("restarting {process}: {e}"));
+    }
+    let node = format!("node/{}", world.node.name());
+    let heartbeat = "{.status.conditions[?(@.type==\"Ready\")].lastHeartbeatTime}";
+    let back = testenv::until(60, "the restarted kubelet reports Ready", || async {
+        let ready = "{.status.conditions[?(@.type==\"Ready\")].status}";
+        kubectl.get(&node, "", ready) == "True"
+            && kubectl
+                .get(&node, "", heartbeat)
+                .parse::<Timestamp>()
+                .is_ok_and(|at| at > killed_at + Duration::from_secs(6))
+    })
+    .await;
+    testenv::until(30, "10 workers, none leaving", || async {
+        world.running_workers("jobs") == 10
+    })
+    .await;
+    assert_eq!(world.worker_uids(), workers, "the same workers");
+    assert_eq!(
+        world.container_restarts("jobs"),
+        restarts,
+        "no container restarted"
+    );
+    eprintln!(
+        "[{}] containerd and the kubelet killed and restarted: Ready {back:.0?} after; the 10 \
+         workers ran on",
+        elapsed(began)
+    );
 
     // helm upgrade to a new chart version: the CRD is upgraded with the release, the pool's
     // workers are left as they run (no new ReplicaSet, no Pod replaced).

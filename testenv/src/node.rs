@@ -45,6 +45,8 @@ pub struct TestNode {
     /// containerd, the kubelet and kube-proxy, in the order they started; behind a lock so the
     /// shared node can be stopped at exit.
     processes: Mutex<Vec<Process>>,
+    /// How each of them was started (name, program, arguments), to start it again.
+    commands: Mutex<Vec<(String, PathBuf, Vec<String>)>>,
     pub startup: Duration,
 }
 
@@ -69,6 +71,7 @@ impl TestNode {
             dir,
             host,
             processes: Mutex::new(Vec::new()),
+            commands: Mutex::new(Vec::new()),
             startup: Duration::ZERO,
         };
         node.start_node(&programs).await?;
@@ -97,11 +100,6 @@ impl TestNode {
         &self.dir
     }
 
-    /// The kubelet's pid, to stop or kill it in a fault test.
-    pub fn kubelet_pid(&self) -> u32 {
-        self.processes()[1].child.id()
-    }
-
     fn processes(&self) -> std::sync::MutexGuard<'_, Vec<Process>> {
         self.processes.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -115,23 +113,21 @@ impl TestNode {
     async fn start_node(&self, programs: &Programs) -> Result<()> {
         let dir = self.dir.clone();
         let containerd_config = write_containerd_config(&dir)?;
-        self.processes().push(Process::start(
+        self.spawn(
             "containerd",
             &programs.containerd,
-            &[format!("--config={}", containerd_config.display())],
-            dir.join("containerd.log"),
-            Lifetime::Process,
-        )?);
+            vec![format!("--config={}", containerd_config.display())],
+        )?;
         self.wait_for("containerd", 30, || ctr(&dir, &["version"]).0)
             .await?;
         import_pause_image(&dir)?;
 
         let kubelet_config = write_kubelet_config(&dir, self.plane.dir())?;
         let kubelet_kubeconfig = write_kubelet_kubeconfig(&dir, &self.plane)?;
-        self.processes().push(Process::start(
+        self.spawn(
             "kubelet",
             &programs.kubelet,
-            &[
+            vec![
                 format!("--config={}", kubelet_config.display()),
                 format!("--kubeconfig={}", kubelet_kubeconfig.display()),
                 format!("--root-dir={}", dir.join("kubelet").display()),
@@ -140,9 +136,7 @@ impl TestNode {
                 format!("--node-ip={}", self.host),
                 "--v=1".into(),
             ],
-            dir.join("kubelet.log"),
-            Lifetime::Process,
-        )?);
+        )?;
 
         let proxy_config = write_proxy_config(&dir, self.plane.kubeconfig())?;
         self.processes().push(Process::start(
@@ -184,6 +178,52 @@ impl TestNode {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Starts `program` as the node's process `name`, its output in `<name>.log`.
+    fn spawn(&self, name: &str, program: &Path, args: Vec<String>) -> Result<()> {
+        let log = self.dir.join(format!("{name}.log"));
+        let process = Process::start(name, program, &args, log, Lifetime::Process)?;
+        self.processes().push(process);
+        let command = (name.to_owned(), program.to_owned(), args);
+        self.commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(command);
+        Ok(())
+    }
+
+    /// Kills the node's process `name` (`containerd`, `kubelet` or `kube-proxy`) with SIGKILL,
+    /// leaves it down for `down_for`, and starts it again as it was started (its output then in
+    /// `<name>-restarted.log`). The Pods' containers are not its children: they run on.
+    pub async fn restart(&self, name: &str, down_for: Duration) -> Result<()> {
+        let (program, args) = {
+            let commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+            let (_, program, args) = commands
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .unwrap_or_else(|| panic!("the node runs no {name}"));
+            (program.clone(), args.clone())
+        };
+        {
+            let mut processes = self.processes();
+            let process = processes
+                .iter_mut()
+                .find(|p| p.name == name)
+                .expect("a process for every command");
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+        tokio::time::sleep(down_for).await;
+        let log = self.dir.join(format!("{name}-restarted.log"));
+        let process = Process::start(name, &program, &args, log, Lifetime::Process)?;
+        let mut processes = self.processes();
+        let slot = processes
+            .iter_mut()
+            .find(|p| p.name == name)
+            .expect("a process for every command");
+        *slot = process;
+        Ok(())
     }
 
     async fn wait_for(
