@@ -53,6 +53,24 @@ fn images() -> &'static Path {
     })
 }
 
+/// The size in bytes of the archive images/build.sh wrote for `image`, once its OCI index says
+/// it is `ghcr.io/lanepool/<image>:<the crate's version>`.
+fn archive_tagged_with_the_version(image: &str) -> u64 {
+    let archive = images().join(format!("{image}.tar"));
+    let index = Command::new("tar")
+        .arg("-xOf")
+        .arg(&archive)
+        .arg("index.json")
+        .output()
+        .unwrap();
+    let index: Value = serde_json::from_slice(&index.stdout).expect("an OCI index.json");
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        format!("ghcr.io/lanepool/{image}:{VERSION}")
+    );
+    std::fs::metadata(&archive).unwrap().len()
+}
+
 fn storage() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("images-buildah")
 }
@@ -325,20 +343,7 @@ fn each_image_holds_its_static_binary_and_nothing_else() {
 
         // The archive is tagged with the crate's version, which is the chart's appVersion: the
         // chart installs the image this builds.
-        let archive = images().join(format!("{image}.tar"));
-        let index = Command::new("tar")
-            .arg("-xOf")
-            .arg(&archive)
-            .arg("index.json")
-            .output()
-            .unwrap();
-        let index: Value = serde_json::from_slice(&index.stdout).expect("an OCI index.json");
-        assert_eq!(
-            index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
-            format!("ghcr.io/lanepool/{image}:{VERSION}")
-        );
-
-        let size = std::fs::metadata(&archive).unwrap().len();
+        let size = archive_tagged_with_the_version(image);
         eprintln!(
             "{image}: archive {:.1} MiB, unpacked {:.1} MiB",
             size as f64 / 1048576.0,
@@ -678,19 +683,7 @@ fn the_python_worker_image_holds_the_package_its_commands_and_the_demo_jobs() {
         json!(["lanepool-rq-worker", "--path", "examples/redis"])
     );
 
-    let archive = images().join("python-worker.tar");
-    let index = Command::new("tar")
-        .arg("-xOf")
-        .arg(&archive)
-        .arg("index.json")
-        .output()
-        .unwrap();
-    let index: Value = serde_json::from_slice(&index.stdout).expect("an OCI index.json");
-    assert_eq!(
-        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
-        format!("ghcr.io/lanepool/python-worker:{VERSION}")
-    );
-    let size = std::fs::metadata(&archive).unwrap().len();
+    let size = archive_tagged_with_the_version("python-worker");
     eprintln!(
         "python-worker: archive {:.1} MiB, unpacked {:.1} MiB",
         size as f64 / 1048576.0,
