@@ -26,6 +26,8 @@ const POOLS: &str = "default";
 /// The example's urgent job time (its jobTime fallback) and the batch jobs of produce.py.
 const URGENT_MS: u64 = 50;
 const BATCH_MS: &str = "2000..4000";
+/// The urgent lane's arrival rate (the long window's) in a LanePool's status.
+const URGENT_RATE: &str = "{.status.lanes[?(@.name==\"urgent\")].arrivalRatePerSecond}";
 /// The urgent lane's reserve in a LanePool's status.
 const URGENT_RESERVE: &str = "{.status.lanes[?(@.name==\"urgent\")].reserve}";
 
@@ -463,11 +465,7 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
     );
     eprintln!("[{}] 10 workers run", elapsed(began));
     let calm = testenv::until(120, "urgent measured at about 10/s", || async {
-        let rate = kubectl.get(
-            "lanepool/jobs",
-            POOLS,
-            "{.status.lanes[?(@.name==\"urgent\")].arrivalRatePerSecond}",
-        );
+        let rate = kubectl.get("lanepool/jobs", POOLS, URGENT_RATE);
         rate.parse::<f64>().is_ok_and(|r| (7.0..=13.0).contains(&r))
     })
     .await;
@@ -594,6 +592,18 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
     );
     testenv::until(60, "10 workers, none leaving", || async {
         world.running_workers("jobs") == 10
+    })
+    .await;
+
+    // Steady again: the spike out of the 1m window too, the reserve at 2, the 10 workers
+    // settled. What follows (a node fault, an upgrade) is judged against a pool at rest.
+    testenv::until(150, "the 1m rate back at about 10/s, reserve 2", || async {
+        let rate = kubectl.get("lanepool/jobs", POOLS, URGENT_RATE);
+        let (status, replicas) = world.reserve();
+        rate.parse::<f64>().is_ok_and(|r| (7.0..=13.0).contains(&r))
+            && status == "2"
+            && replicas == "2"
+            && world.running_workers("jobs") == 10
     })
     .await;
 

@@ -5,8 +5,8 @@
 //! allows for a loopback registry); Pods get addresses on a bridge the host routes to, and reach
 //! the host at [`TestNode::host`], never at 127.0.0.1 (that is the Pod itself).
 //!
-//! There is one node per machine: kube-proxy's iptables rules, the kubelet's port range and the
-//! `kubepods` cgroups are the machine's. Its state lives in `target/node/`, so a run that died
+//! There is one node per machine: kube-proxy's iptables rules and the bridge are the machine's
+//! (its Pods' cgroups are under a root of its own, [`CGROUP_ROOT`]). Its state lives in `target/node/`, so a run that died
 //! without cleaning up is cleaned up by the next ([`TestNode::start`] does it first).
 //!
 //! What runs it needs: root, `containerd`, `runc` and `/usr/lib/cni` (Debian's containerd, runc
@@ -33,6 +33,9 @@ use crate::wait::free_port;
 pub const NODE_POD_CIDR: &str = "10.88.0.0/16";
 /// The bridge the node's Pods are attached to.
 const BRIDGE: &str = "lanepool0";
+/// The cgroup the kubelet puts the node's Pods under (its `cgroupRoot`), in every hierarchy: a
+/// clean-up kills what is in it and nothing of another kubelet's on the machine.
+const CGROUP_ROOT: &str = "lanepool-node";
 /// The sandbox image, imported into containerd (nothing is pulled for it).
 const PAUSE_IMAGE: &str = "localhost/lanepool-pause:1";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -122,6 +125,7 @@ impl TestNode {
             .await?;
         import_pause_image(&dir)?;
 
+        make_cgroup_root()?;
         let kubelet_config = write_kubelet_config(&dir, self.plane.dir())?;
         let kubelet_kubeconfig = write_kubelet_kubeconfig(&dir, &self.plane)?;
         self.spawn(
@@ -552,6 +556,7 @@ kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 failSwapOn: false
+cgroupRoot: /{CGROUP_ROOT}
 containerRuntimeEndpoint: unix://{socket}
 address: 0.0.0.0
 port: {port}
@@ -644,13 +649,14 @@ fn clean(dir: &Path, programs: &Programs, remove: bool) {
     for task in tasks(dir) {
         let _ = ctr(dir, &["tasks", "kill", "--signal", "SIGKILL", &task]);
     }
-    // Whatever a dead containerd's shims still run: every process in the Pods' cgroups.
+    // Whatever a dead containerd's shims still run: every process in the node's cgroups.
     for _ in 0..3 {
-        if kill_cgroup_members("kubepods") == 0 {
+        if kill_cgroup_members(CGROUP_ROOT) == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(300));
     }
+    remove_cgroups(CGROUP_ROOT);
     let socket = socket(dir).display().to_string();
     for pid in pids_whose_command_line_has(&socket) {
         crate::process::terminate_pid(pid, Duration::from_secs(2));
@@ -678,26 +684,49 @@ fn clean(dir: &Path, programs: &Programs, remove: bool) {
     }
 }
 
-/// SIGKILLs every process in the cgroup `name` (and below) of every hierarchy; how many there
-/// were.
-fn kill_cgroup_members(name: &str) -> usize {
-    let mut killed = 0;
-    let mut stack: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+/// The cgroup hierarchies: `/sys/fs/cgroup` itself on cgroup v2, each controller's (and the
+/// named and unified ones) on v1.
+fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    if root.join("cgroup.procs").is_file() {
+        return vec![root.to_path_buf()];
+    }
+    std::fs::read_dir(root)
         .into_iter()
         .flatten()
         .flatten()
-        .map(|e| e.path().join(name))
-        .chain([Path::new("/sys/fs/cgroup").join(name)])
+        .map(|e| e.path())
+        .filter(|p| p.join("cgroup.procs").is_file())
+        .collect()
+}
+
+/// Makes [`CGROUP_ROOT`] in every hierarchy (the kubelet wants its cgroupRoot to exist), with
+/// the parent's CPUs and memory nodes for cpuset's, which starts empty on v1.
+fn make_cgroup_root() -> Result<()> {
+    for hierarchy in cgroup_hierarchies() {
+        let cgroup = hierarchy.join(CGROUP_ROOT);
+        std::fs::create_dir_all(&cgroup).map_err(io(format!("creating {}", cgroup.display())))?;
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let own = std::fs::read_to_string(cgroup.join(file)).unwrap_or_default();
+            if cgroup.join(file).is_file() && own.trim().is_empty() {
+                let parent = std::fs::read_to_string(hierarchy.join(file)).unwrap_or_default();
+                std::fs::write(cgroup.join(file), parent.trim())
+                    .map_err(io(format!("writing {}", cgroup.join(file).display())))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every cgroup `name` (and below) of every hierarchy, parents before children.
+fn cgroups_under(name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack: Vec<PathBuf> = cgroup_hierarchies()
+        .into_iter()
+        .map(|h| h.join(name))
         .filter(|p| p.is_dir())
         .collect();
     while let Some(cgroup) = stack.pop() {
-        if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
-            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: kill(2) on a process of the node's own Pods.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                killed += 1;
-            }
-        }
         stack.extend(
             std::fs::read_dir(&cgroup)
                 .into_iter()
@@ -706,6 +735,32 @@ fn kill_cgroup_members(name: &str) -> usize {
                 .map(|e| e.path())
                 .filter(|p| p.is_dir()),
         );
+        found.push(cgroup);
+    }
+    found
+}
+
+/// Removes the (empty) cgroups `name` and below, children first.
+fn remove_cgroups(name: &str) {
+    let mut cgroups = cgroups_under(name);
+    cgroups.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for cgroup in cgroups {
+        let _ = std::fs::remove_dir(cgroup);
+    }
+}
+
+/// SIGKILLs every process in the cgroup `name` (and below) of every hierarchy; how many there
+/// were.
+fn kill_cgroup_members(name: &str) -> usize {
+    let mut killed = 0;
+    for cgroup in cgroups_under(name) {
+        if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) on a process of the node's own Pods.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed += 1;
+            }
+        }
     }
     killed
 }
