@@ -401,8 +401,9 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
         .expect("images/build.sh pushed the Python worker image");
     eprintln!("[{}] images and chart in the registry", elapsed(began));
 
-    // helm install, as the README's: only the registry's address and Prometheus's differ, and
-    // --plain-http for a registry on this machine; two replicas elect a leader.
+    // helm install, as the README's: only the registry's address and Prometheus's differ,
+    // --plain-http for a registry on this machine, and its scrape interval; two replicas elect a
+    // leader.
     let chart = format!("oci://{registry}/charts/lanepool");
     let prometheus_url = format!("http://{}:{}", world.host(), world.prometheus.port());
     world.helm(&[
@@ -421,6 +422,10 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
         &format!("prometheusUrl={prometheus_url}"),
         "--set",
         "replicaCount=2",
+        // How often this Prometheus scrapes (every second, where the flag's default is 15 s):
+        // the operator judges a recent rate's noise by it.
+        "--set",
+        "extraArgs={--scrape-interval=1s}",
         "--wait",
         "--timeout",
         "120s",
