@@ -195,15 +195,18 @@ impl World {
         )
     }
 
-    /// The restarts of every container of `pool`'s Pods, summed.
-    fn container_restarts(&self, pool: &str) -> i64 {
+    /// The Pods labelled with `pool`, as kubectl gives them.
+    fn pods_of(&self, pool: &str) -> Vec<Value> {
         let selector = format!("lanepool.dev/pool={pool}");
         let pods = self
             .kubectl
             .json(&["get", "pods", "-n", POOLS, "-l", &selector]);
-        pods["items"]
-            .as_array()
-            .unwrap()
+        pods["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The restarts of every container of `pool`'s Pods, summed.
+    fn container_restarts(&self, pool: &str) -> i64 {
+        self.pods_of(pool)
             .iter()
             .flat_map(|pod| {
                 pod["status"]["containerStatuses"]
@@ -234,12 +237,8 @@ impl World {
 
     /// The uids of the running worker Pods of the pool `jobs`.
     fn worker_uids(&self) -> Vec<String> {
-        let pods = self
-            .kubectl
-            .json(&["get", "pods", "-n", POOLS, "-l", "lanepool.dev/pool=jobs"]);
-        let mut uids: Vec<String> = pods["items"]
-            .as_array()
-            .unwrap()
+        let mut uids: Vec<String> = self
+            .pods_of("jobs")
             .iter()
             .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
             .map(|pod| pod["metadata"]["uid"].as_str().unwrap().to_owned())
@@ -296,17 +295,7 @@ impl World {
 
     /// The worker Pods of `pool` that run, are ready, and are not leaving.
     fn running_workers(&self, pool: &str) -> usize {
-        let pods = self.kubectl.json(&[
-            "get",
-            "pods",
-            "-n",
-            POOLS,
-            "-l",
-            &format!("lanepool.dev/pool={pool}"),
-        ]);
-        pods["items"]
-            .as_array()
-            .unwrap()
+        self.pods_of(pool)
             .iter()
             .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
             .filter(|pod| {
@@ -460,8 +449,8 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
         world.running_workers("jobs") == 10
     })
     .await;
-    let pod = kubectl.json(&["get", "pods", "-n", POOLS, "-l", "lanepool.dev/pool=jobs"]);
-    let first = &pod["items"][0]["status"]["containerStatuses"][0];
+    let pods = world.pods_of("jobs");
+    let first = &pods[0]["status"]["containerStatuses"][0];
     assert!(
         first["imageID"]
             .as_str()

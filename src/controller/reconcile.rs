@@ -199,8 +199,7 @@ impl Walk<'_> {
         match decision {
             Some(decision) => {
                 let current = start.current.as_ref();
-                let workers = (pods.cannot_start(), pods.workers().len());
-                self.report(&decision, current, workers, memory, shown)
+                self.report(&decision, current, &pods, memory, shown)
                     .await?
             }
             None => self.report_rollout(memory, shown).await?,
@@ -361,7 +360,7 @@ impl Walk<'_> {
         &self,
         decision: &Decision,
         applied: Option<&Replicas>,
-        (stuck, workers): (Vec<(String, &'static str, String)>, usize),
+        pods: &PoolPods<'_>,
         memory: &mut PoolMemory,
         shown: impl FnOnce(LanePoolStatus) -> LanePoolStatus,
     ) -> Result<()> {
@@ -369,7 +368,7 @@ impl Walk<'_> {
         let namespace = pool.namespace().unwrap_or_default();
         let hpa = autoscalers::autoscaler_conflict(pool, ctx, &namespace);
         let mut conditions = status::decision_conditions(decision, hpa);
-        status::workers_cannot_start(&mut conditions, &stuck, workers);
+        status::workers_cannot_start(&mut conditions, &pods.cannot_start(), pods.workers().len());
         let grace = grace::grace_seconds(pool);
         conditions.push(grace::grace_condition(grace, &memory.job_seconds));
         let refresh = memory

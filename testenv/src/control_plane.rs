@@ -18,7 +18,7 @@ use super::certs::{self, CertFiles};
 use super::process::{Lifetime, Process};
 use crate::error::{Result, TestEnvError, io};
 use crate::tools::tool;
-use crate::wait::free_port;
+use crate::wait::{free_port, on_a_thread_of_its_own};
 use lanepool::crd::lanepool_crd;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -536,16 +536,7 @@ pub fn shared_with(controllers: Controllers) -> Result<&'static ControlPlane> {
     if let Some(plane) = *slot {
         return Ok(plane);
     }
-    // Started on a thread of its own: the caller may be inside a tokio runtime.
-    let plane = std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(io("building a runtime"))?
-            .block_on(ControlPlane::start_with(controllers))
-    })
-    .join()
-    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+    let plane = on_a_thread_of_its_own(move || ControlPlane::start_with(controllers))?;
     let plane: &'static ControlPlane = Box::leak(Box::new(plane));
     *slot = Some(plane);
     extern "C" fn stop_shared() {

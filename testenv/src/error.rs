@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub enum TestEnvError {
     #[error("{tool} is not built at {path}: run ./tests/setup.sh")]
     ToolMissing { tool: String, path: PathBuf },
+    #[error("{what} is not installed (Debian's package {package}): run ./tests/setup.sh")]
+    PackageMissing { what: String, package: String },
     #[error("{what}: {source}")]
     Io {
         what: String,

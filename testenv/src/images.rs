@@ -16,11 +16,12 @@ fn root() -> &'static Path {
 }
 
 /// Runs images/build.sh once per process with buildah, pushing every image to `registry`
-/// (`HOST:PORT`); returns target/images/, which holds each image's archive and digest.
+/// (`HOST:PORT`, the same on every call); returns target/images/, which holds each image's
+/// archive and digest.
 pub fn build_and_push_images(registry: &str) -> Result<PathBuf> {
-    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
+    static BUILT: OnceLock<(String, std::result::Result<PathBuf, String>)> = OnceLock::new();
+    let (pushed_to, built) = BUILT.get_or_init(|| {
+        let built = (|| {
             let mut build = Command::new(root().join("images/build.sh"));
             build
                 .env("LANEPOOL_IMAGE_BUILDER", "buildah")
@@ -35,12 +36,18 @@ pub fn build_and_push_images(registry: &str) -> Result<PathBuf> {
             }
             eprintln!("images/build.sh took {:.0?}", started.elapsed());
             Ok(root().join("target/images"))
-        })
-        .clone()
-        .map_err(|e| TestEnvError::Io {
-            what: "building the images".into(),
-            source: std::io::Error::other(e),
-        })
+        })();
+        (registry.to_owned(), built)
+    });
+    // Once per process, to one registry: another would hold none of the images.
+    assert_eq!(
+        pushed_to, registry,
+        "the images were pushed to another registry"
+    );
+    built.clone().map_err(|e| TestEnvError::Io {
+        what: "building the images".into(),
+        source: std::io::Error::other(e),
+    })
 }
 
 /// Without the variables cargo set for a test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some build

@@ -27,7 +27,7 @@ use crate::control_plane::{ControlPlane, Controllers};
 use crate::error::{Result, TestEnvError, io};
 use crate::process::{Lifetime, Process, which};
 use crate::tools::tool;
-use crate::wait::free_port;
+use crate::wait::{free_port, on_a_thread_of_its_own};
 
 /// The Pods' address block, on the bridge [`BRIDGE`].
 pub const NODE_POD_CIDR: &str = "10.88.0.0/16";
@@ -316,23 +316,22 @@ struct Programs {
 
 impl Programs {
     fn find() -> Result<Self> {
-        let installed = |name: &str| {
-            which(name).ok_or_else(|| TestEnvError::ToolMissing {
-                tool: format!("{name} (Debian's package)"),
-                path: PathBuf::from(name),
+        let installed = |name: &str, package: &str| {
+            which(name).ok_or_else(|| TestEnvError::PackageMissing {
+                what: name.into(),
+                package: package.into(),
             })
         };
-        installed("runc")?;
-        installed("ctr")?;
-        let cni = Path::new("/usr/lib/cni/bridge");
-        if !cni.is_file() {
-            return Err(TestEnvError::ToolMissing {
-                tool: "the CNI plugins (Debian's containernetworking-plugins)".into(),
-                path: cni.into(),
+        installed("runc", "runc")?;
+        installed("ctr", "containerd")?;
+        if !Path::new("/usr/lib/cni/bridge").is_file() {
+            return Err(TestEnvError::PackageMissing {
+                what: "the CNI bridge plugin (/usr/lib/cni/bridge)".into(),
+                package: "containernetworking-plugins".into(),
             });
         }
         Ok(Self {
-            containerd: installed("containerd")?,
+            containerd: installed("containerd", "containerd")?,
             kubelet: tool("kubelet")?,
             kube_proxy: tool("kube-proxy")?,
         })
@@ -814,15 +813,7 @@ pub fn shared_node() -> Result<&'static TestNode> {
     if let Some(node) = *slot {
         return Ok(node);
     }
-    let node = std::thread::spawn(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(io("building a runtime"))?
-            .block_on(TestNode::start())
-    })
-    .join()
-    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+    let node = on_a_thread_of_its_own(TestNode::start)?;
     let node: &'static TestNode = Box::leak(Box::new(node));
     *slot = Some(node);
     extern "C" fn stop_shared() {

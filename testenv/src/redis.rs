@@ -66,22 +66,25 @@ impl TestRedis {
     /// Starts Redis in a directory of its own, listening on 127.0.0.1 and on `host` too, so
     /// the Pods of a real node reach it there ([`Self::url_at`]).
     pub fn start_reachable_at(host: std::net::IpAddr) -> Result<Self> {
-        let mut redis = Self::start()?;
-        redis.stop();
-        let bind = redis
-            .args
-            .iter()
-            .position(|a| a == "--bind")
-            .expect("the bind argument");
-        redis.args[bind + 1] = format!("127.0.0.1 {host}");
-        // Another address than loopback: protected mode would refuse every client there.
-        redis.args.extend(["--protected-mode".into(), "no".into()]);
-        redis.resume()?;
+        let temp = tempfile::Builder::new()
+            .prefix("lanepool-redis-")
+            .tempdir()
+            .map_err(io("creating Redis's directory"))?;
+        let bind = format!("127.0.0.1 {host}");
+        let mut redis = Self::start_bound(temp.path(), free_port()?, &bind, Lifetime::Process)?;
+        redis._temp = Some(temp);
         Ok(redis)
     }
 
     /// Starts Redis with its directory `dir`, on `port`.
     pub fn start_on(dir: &Path, port: u16, lifetime: Lifetime) -> Result<Self> {
+        Self::start_bound(dir, port, "127.0.0.1", lifetime)
+    }
+
+    /// Starts Redis with its directory `dir`, on `port` of the addresses `bind` (space
+    /// separated); any other than loopback turns protected mode off, which would refuse every
+    /// client there.
+    fn start_bound(dir: &Path, port: u16, bind: &str, lifetime: Lifetime) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         // No RDB snapshots and no AOF: a restart in a test is a broker restart, not a recovery
         // from disk (Celery's and RQ's jobs in flight are what the tests follow).
@@ -89,7 +92,9 @@ impl TestRedis {
             "--port",
             &port.to_string(),
             "--bind",
-            "127.0.0.1",
+            bind,
+            "--protected-mode",
+            if bind == "127.0.0.1" { "yes" } else { "no" },
             "--dir",
             &dir.display().to_string(),
             "--save",

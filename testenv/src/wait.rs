@@ -43,3 +43,23 @@ where
         .await
         .unwrap_or_else(|| panic!("{what}: not within {seconds} s"))
 }
+
+/// Runs the future `start` makes to its end on a thread and a runtime of its own, and returns
+/// what it returned: the caller may be inside a tokio runtime, where blocking on another is
+/// refused. A panic in it is the caller's.
+pub(crate) fn on_a_thread_of_its_own<T, F, Fut>(start: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T>>,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(io("building a runtime"))?
+            .block_on(start())
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}

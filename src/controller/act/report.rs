@@ -93,11 +93,11 @@ pub(in crate::controller) async fn report_decision(
             ));
         }
     }
-    // Workers that cannot start (an image that cannot be pulled, a crash loop): once when
-    // Ready turns False for it, or for another reason.
+    // Workers that cannot start (an image that cannot be pulled, a crash loop), the one thing
+    // that turns a decision's Ready False: once when it turns False, or for another reason.
     let cannot_start = conditions
         .iter()
-        .find(|c| c.type_ == status::READY && !c.status && c.reason != "Applied");
+        .find(|c| c.type_ == status::READY && !c.status);
     if let Some(stuck) = cannot_start {
         let was = old.conditions.iter().find(|c| c.type_ == status::READY);
         if was.is_none_or(|c| c.status != "False" || c.reason != stuck.reason) {
