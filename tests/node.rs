@@ -235,6 +235,25 @@ impl World {
         names
     }
 
+    /// The pool `jobs`'s decisions as its `Scaled` events say them, oldest first, with when: what
+    /// a failed assertion of an undisturbed pool prints, so a resize shows which rate it
+    /// followed and over what window.
+    fn decisions(&self) -> String {
+        let (_, events) = self.kubectl.run(&[
+            "get",
+            "events",
+            "-n",
+            POOLS,
+            "--field-selector",
+            "involvedObject.name=jobs,reason=Scaled",
+            "--sort-by",
+            ".metadata.creationTimestamp",
+            "-o",
+            "custom-columns=AT:.metadata.creationTimestamp,MESSAGE:.message",
+        ]);
+        events
+    }
+
     /// The uids of the running worker Pods of the pool `jobs`.
     fn worker_uids(&self) -> Vec<String> {
         let mut uids: Vec<String> = self
@@ -629,7 +648,12 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
         world.running_workers("jobs") == 10
     })
     .await;
-    assert_eq!(world.worker_uids(), workers, "the same workers");
+    assert_eq!(
+        world.worker_uids(),
+        workers,
+        "the same workers; the pool's decisions:\n{}",
+        world.decisions()
+    );
     assert_eq!(
         world.container_restarts("jobs"),
         restarts,
@@ -683,11 +707,22 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
     .await;
     // Two intervals of the upgraded operator.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    assert_eq!(world.pool_replicasets(), replicasets, "no worker rollout");
-    assert_eq!(world.worker_uids(), workers_before, "no worker replaced");
+    assert_eq!(
+        world.pool_replicasets(),
+        replicasets,
+        "no worker rollout; the pool's decisions:\n{}",
+        world.decisions()
+    );
+    assert_eq!(
+        world.worker_uids(),
+        workers_before,
+        "no worker replaced; the pool's decisions:\n{}",
+        world.decisions()
+    );
     eprintln!(
-        "[{}] upgraded to {next}; the pool undisturbed",
-        elapsed(began)
+        "[{}] upgraded to {next}; the pool undisturbed; its decisions:\n{}",
+        elapsed(began),
+        world.decisions()
     );
 
     // helm uninstall: nothing of the operator is left; the CRD is kept (crds.keep) and with

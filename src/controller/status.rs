@@ -379,7 +379,7 @@ mod tests {
         assert_eq!(status.arrival_rate.as_deref(), Some("92/s"));
         assert_eq!(
             scale_note(&rising.lanes[0], Some(3)),
-            "reserved urgent 3 → 5: 148/s (recent) × 21 ms × 1.5 = 4.67"
+            "reserved urgent 3 → 5: 148/s (recent) × 21 ms × 1.5 = 4.67; the recent rate over 15 s"
         );
         let unmeasured = BTreeMap::from([("urgent".to_string(), Err("down".to_string()))]);
         let held = once(&unmeasured);

@@ -133,6 +133,19 @@ pub fn default_job_time(namespace: &str, pool: &str, lane: &str, windows: &Query
     }
 }
 
+/// The recent arrival rate's PromQL and the span it counts over (see
+/// [`crate::sizing::recent_window`]): `irate` over the last two samples, one scrape interval,
+/// when Prometheus scrapes at most every [`crate::sizing::SHORTEST_RECENT_WINDOW`]; scraped more
+/// often, `rate` over a range one scrape interval longer than that span, so its samples span it.
+fn recent_query(lookback: &str, scrape_interval: Duration) -> (String, Duration) {
+    let window = crate::sizing::recent_window(scrape_interval);
+    if window == scrape_interval {
+        return (submitted("irate", lookback), window);
+    }
+    let range = format!("{}ms", (window + scrape_interval).as_millis());
+    (submitted("rate", &range), window)
+}
+
 fn lane_queries(
     namespace: &str,
     pool: &str,
@@ -166,9 +179,10 @@ fn lane_queries(
         None => windows
             .recent_arrival_rate
             .as_deref()
-            .map(|lookback| RecentQuery {
-                query: shared(submitted("irate", lookback)),
-                window: windows.scrape_interval,
+            .map(|lookback| recent_query(lookback, windows.scrape_interval))
+            .map(|(promql, window)| RecentQuery {
+                query: shared(promql),
+                window,
             }),
     };
     let arrival_rate = match custom_rate {
@@ -263,6 +277,38 @@ mod tests {
         assert!(
             matches!(&theirs[0].arrival_rate, Query::Shared { series, .. } if series.pool == "x\"y")
         );
+    }
+
+    #[test]
+    fn a_recent_rate_counts_over_one_interval_at_least_when_scrapes_are_faster() {
+        let recent = |scrape_ms: u64| {
+            let windows = QueryWindows {
+                scrape_interval: Duration::from_millis(scrape_ms),
+                ..windows()
+            };
+            let queries = pool_queries(&example(), &windows).unwrap();
+            let recent = queries[0].recent_arrival_rate.clone().unwrap();
+            (recent.query.promql().to_string(), recent.window)
+        };
+        // Scraped every second: `rate` over 6 s, whose samples span the 5 s it is judged over.
+        assert_eq!(
+            recent(1000),
+            (
+                r#"sum by (namespace, pool, lane) (rate(lanepool_jobs_submitted_total{pool!=""}[6000ms]))"#.into(),
+                Duration::from_secs(5)
+            )
+        );
+        assert_eq!(recent(2500).1, Duration::from_secs(5));
+        assert!(recent(2500).0.contains("[7500ms]"));
+        // From one interval up, `irate` over the lookback: the last scrape interval.
+        for scrape_ms in [5000, 15_000, 60_000] {
+            let (promql, window) = recent(scrape_ms);
+            assert!(
+                promql.contains("(irate(") && promql.contains("[1m]"),
+                "{promql}"
+            );
+            assert_eq!(window, Duration::from_millis(scrape_ms));
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A Prometheus answer as a lane's load: anything but one finite, non-negative value is
 //! unavailable, never zero.
 
-use super::LaneLoad;
+use super::decide::LaneLoad;
 
 /// A query's answer as plain numbers, one per series, or the reason there is none.
 pub type QueryAnswer = std::result::Result<Vec<f64>, String>;

@@ -383,6 +383,20 @@ pub const TOLERANCE: f64 = 0.1;
 /// the departure test none (worst 0.84 × the job time).
 pub const NOISE_SIGMAS: f64 = 2.0;
 
+/// The shortest span a recent arrival rate from Prometheus counts over: one default
+/// `spec.interval`, the jobs a worker read counts between two decisions. Prometheus's `irate`
+/// spans one scrape interval; scraped every second, 10/s is a count of 10, and at 10/s × 53 ms
+/// (11.5/s asks a third reserved worker) a pool measured by Prometheus alone resized 10 times an
+/// hour at steady load in `simulate` (10 seeds, 0–16), 0 when the rate counts over 5 s. Scraped
+/// less often than this, the rate is `irate`'s, over one scrape interval.
+pub const SHORTEST_RECENT_WINDOW: Duration = Duration::from_secs(5);
+
+/// The span Prometheus's recent arrival rate counts over when it scrapes every
+/// `scrape_interval`: one scrape interval, or [`SHORTEST_RECENT_WINDOW`] when that is shorter.
+pub fn recent_window(scrape_interval: Duration) -> Duration {
+    scrape_interval.max(SHORTEST_RECENT_WINDOW)
+}
+
 /// The widest tolerance a noisy rate gets.
 pub const MOST_TOLERANCE: f64 = 0.5;
 
@@ -534,7 +548,8 @@ fn measured(
         reserve = current;
     }
 
-    let arithmetic = explain::arithmetic(sizing, lane, rate, followed.is_some(), job, needed);
+    let arithmetic =
+        explain::arithmetic(sizing, lane, rate, followed.map(|r| r.window), job, needed);
     let explanation = explain::reserve(
         &lane.name,
         &arithmetic,

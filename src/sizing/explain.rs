@@ -8,19 +8,20 @@ use super::settings::{LaneSizing, PoolSizing, Rule};
 use crate::duration::{human_seconds, trim};
 
 /// "30/s × 20 ms × 2 = 1.2": the rate (recent, when the reserve followed it), the job time and
-/// the rule's arithmetic.
+/// the rule's arithmetic; a recent rate's window follows ("the recent rate over 5 s"), since the
+/// fewer jobs it counted, the noisier it is (a worker read spans the interval, Prometheus's
+/// `irate` one scrape interval).
 pub(super) fn arithmetic(
     sizing: &PoolSizing,
     lane: &LaneSizing,
     rate: f64,
-    recent: bool,
+    recent: Option<Duration>,
     job: f64,
     needed: f64,
 ) -> String {
-    let shown_rate = if recent {
-        format!("{}/s (recent)", trim(rate))
-    } else {
-        format!("{}/s", trim(rate))
+    let shown_rate = match recent {
+        Some(_) => format!("{}/s (recent)", trim(rate)),
+        None => format!("{}/s", trim(rate)),
     };
     let arithmetic = match lane.rule {
         Rule::Formula => format!(
@@ -43,9 +44,16 @@ pub(super) fn arithmetic(
             human_seconds(p99_seconds)
         ),
     };
-    match sizing.slots_per_worker {
+    let arithmetic = match sizing.slots_per_worker {
         1 => arithmetic,
         slots => format!("{arithmetic}, {slots} slots a worker"),
+    };
+    match recent {
+        Some(window) => format!(
+            "{arithmetic}; the recent rate over {}",
+            human_seconds(window.as_secs_f64())
+        ),
+        None => arithmetic,
     }
 }
 

@@ -13,7 +13,8 @@ mod settings;
 pub use answer::{QueryAnswer, lane_load, single_value};
 pub use decide::{
     CONFIRMING_SHARE, Decision, History, Inputs, LaneDecision, LaneLoad, Loads, MOST_TOLERANCE,
-    NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, TOLERANCE, decide,
+    NOISE_SIGMAS, Outage, RecentRate, Recommendation, Replicas, SHORTEST_RECENT_WINDOW, TOLERANCE,
+    decide, recent_window,
 };
 pub use queueing::{
     HANDOFF_SECONDS, SharedHelp, formula, latency_target, predicted_p99, predicted_wait_p99,

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use super::{LaneLoad, RecentRate};
+use super::decide::{LaneLoad, RecentRate};
 
 /// One read: the jobs the workers finished since the read before.
 #[derive(Clone, Copy, Debug, PartialEq)]

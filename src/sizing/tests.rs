@@ -450,8 +450,11 @@ fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
         0,
     );
     assert_eq!(up.lanes[0].reserve, 5);
+    // With the window it was counted over: how many jobs, and so how noisy.
     assert!(
-        up.lanes[0].explanation.contains("150/s (recent)"),
+        up.lanes[0]
+            .explanation
+            .contains("150/s (recent) × 20 ms × 1.5 = 4.5; the recent rate over 15 s"),
         "{}",
         up.lanes[0].explanation
     );

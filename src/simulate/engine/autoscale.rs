@@ -9,6 +9,7 @@ use super::observe::Counters;
 use super::scenario::{Autoscale, Nanos};
 use crate::sizing::{
     Decision, History, Inputs, LaneLoad, LaneReads, Outage, RecentRate, Replicas, decide,
+    recent_window,
 };
 
 pub const LANE: &str = "urgent";
@@ -81,12 +82,14 @@ impl Control {
             Some(rate) => Ok(LaneLoad {
                 arrival_rate: rate,
                 recent_arrival_rate: (c.scrape_interval > 0)
-                    .then(|| observed.arrival_rate(now, c.scrape_interval, c.scrape_delay))
-                    .flatten()
-                    .map(|per_second| RecentRate {
-                        per_second,
-                        window: Duration::from_nanos(c.scrape_interval),
-                    }),
+                    .then(|| {
+                        let window = recent_window(Duration::from_nanos(c.scrape_interval));
+                        let span = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+                        observed
+                            .arrival_rate(now, span, c.scrape_delay)
+                            .map(|per_second| RecentRate { per_second, window })
+                    })
+                    .flatten(),
                 // The LanePool would set jobTime.fallback to the known job time.
                 job_seconds: Some(
                     observed

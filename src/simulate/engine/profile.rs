@@ -3,7 +3,7 @@
 //! Parsing only; it never draws arrivals.
 
 use crate::duration;
-use crate::simulate::SimulateError;
+use crate::simulate::error::SimulateError;
 
 /// Piecewise-constant rate: `steps[i]` holds from its start until the next step's start; the
 /// last holds for ever.
