@@ -29,8 +29,9 @@ static PATHS: LazyLock<Regex> =
 static CHILD_PATHS: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?:^|[^:\w])(\w+)::(\w+)").unwrap());
 
-/// The modules that decide: pure, tested with plain values. A reconcile's I/O is in
-/// `controller/observe/` and `controller/act/`, through `controller/pods/` and the context.
+/// The modules that decide, and a reconcile's snapshot of a pool's Pods: pure, tested with plain
+/// values. A reconcile's I/O is in `controller/observe/` and `controller/act/`, through the
+/// context's clients (`controller/context.rs`, `controller/worker_http.rs`).
 const PURE: &[&str] = &[
     "src/sizing",
     "src/controller/rollout",
@@ -43,6 +44,7 @@ const PURE: &[&str] = &[
     "src/controller/cut.rs",
     "src/controller/triggers.rs",
     "src/controller/pool_index.rs",
+    "src/controller/pods",
 ];
 
 struct Crate {

@@ -1,9 +1,11 @@
 //! The controller's shared state: the clients (Kubernetes, the event recorder, Prometheus, the
-//! slots of the requests to workers, the write fence), the metrics, the settings, the watch
-//! caches (`caches.rs`) and every pool's carried state (`state/pools.rs`). Every write to the API server goes through
-//! `Context::write`, which bounds it with a timeout and counts its result.
+//! workers' HTTP client (`worker_http.rs`) and the slots of the requests to workers, the write
+//! fence), the metrics, the settings, the watch caches (`caches.rs`) and every pool's carried
+//! state (`state/pools.rs`). Every write to the API server goes through `Context::write`, which
+//! bounds it with a timeout and counts its result; every request to a worker through
+//! `Context::ask_worker`, which holds it to a slot and a deadline and counts its wait.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kube::Client;
@@ -17,6 +19,7 @@ use super::events::{PoolEvent, Recorder};
 use super::settings::Settings;
 use super::state::PoolMemory;
 use super::state::pools::{PoolKey, PoolStates};
+use super::worker_http::{Refused, Reqwest, WorkerHttp};
 use crate::api::LanePool;
 use crate::leader::Fence;
 use crate::metrics::Metrics;
@@ -37,6 +40,8 @@ pub struct Context {
     pub(super) prometheus: prometheus::Clients,
     /// The watch caches every reconcile reads.
     pub(super) caches: WatchCaches,
+    /// The client of every request to a worker Pod.
+    pub(super) worker_http: Arc<dyn WorkerHttp>,
     /// Requests to worker Pods in flight, across every pool; granted in the order asked, so a
     /// pool with many Pods waits its turn behind the others instead of starving them.
     pub(super) pod_requests: tokio::sync::Semaphore,
@@ -70,6 +75,7 @@ impl Context {
             pools: PoolStates::default(),
             prometheus,
             caches: WatchCaches::default(),
+            worker_http: Arc::new(Reqwest),
             pod_requests: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
             pod_posts: tokio::sync::Semaphore::new(POD_REQUESTS_IN_FLIGHT),
             reconcile_slots,
@@ -197,6 +203,50 @@ impl Context {
                 let seconds = self.settings.write_timeout.as_secs();
                 (Err(Error::Timeout { action, seconds }), "timeout")
             }
+        }
+    }
+
+    /// One request to a worker Pod, once it has a place (the reconcile's `own` one, or one of
+    /// the operator's `slots`), by `deadline`; how long it waited for its place and how long it
+    /// took counted in the metrics.
+    pub(super) async fn ask_worker<T, F>(
+        &self,
+        slots: &tokio::sync::Semaphore,
+        own: &tokio::sync::Semaphore,
+        deadline: tokio::time::Instant,
+        send: impl FnOnce() -> F,
+    ) -> Result<T, Refused>
+    where
+        F: Future<Output = Result<T, Refused>>,
+    {
+        let asked = tokio::time::Instant::now();
+        let sent_at = OnceLock::new();
+        let sent = async {
+            let _slot = tokio::select! {
+                biased;
+                slot = own.acquire() => slot,
+                slot = slots.acquire() => slot,
+            }
+            .map_err(|_| Refused::OutOfTime)?;
+            sent_at.get_or_init(tokio::time::Instant::now);
+            send().await
+        };
+        let answer = tokio::time::timeout_at(deadline, sent)
+            .await
+            .unwrap_or(Err(Refused::OutOfTime));
+        // Cut off by the budget while waiting for a slot: waited all along, never sent.
+        let (wait, took) = match sent_at.get() {
+            Some(sent) => (sent.duration_since(asked), Some(sent.elapsed())),
+            None => (asked.elapsed(), None),
+        };
+        self.metrics.worker_requested(wait, took);
+        answer
+    }
+
+    /// Counts a refusal a Pod chose (an answer too large, a redirect) in `worker_reads_rejected`.
+    pub(super) fn count_rejected(&self, refused: &Refused) {
+        if let Some(reason) = refused.rejected_reason() {
+            self.metrics.worker_read_rejected(reason);
         }
     }
 

@@ -4,8 +4,9 @@
 //! - pure: `protocol`, `cut`, `settings`, `deployments` (the Deployments a pool runs),
 //!   `status`, `cached_pod`, `rollout/` (surge, drains, stand-ins, costs, takeovers), `state/`
 //!   (what a pool carries between reconciles), `pool_index`, `triggers`;
-//! - the watch caches and the shared context: `caches`, `events`, `context`;
-//! - the one way to a pool's Pods: `pods/`;
+//! - the watch caches and the shared context: `caches`, `events`, `worker_http` (the client of
+//!   every request to a worker Pod), `context`;
+//! - one reconcile's snapshot of a pool's Pods, without I/O: `pods/`;
 //! - the two stages that do I/O: `observe/` (every read) and `act/` (every write);
 //! - the reconcile and the watches that wake it (`watches.rs`) on top.
 //!
@@ -31,6 +32,7 @@ mod state;
 mod status;
 mod triggers;
 mod watches;
+mod worker_http;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,9 +11,10 @@ use std::time::Duration;
 use tracing::info;
 
 use super::drain::drain_among;
+use super::requests::PodPart;
 use crate::controller::deployments::pool_roles;
 use crate::controller::observe::work::Observed;
-use crate::controller::pods::{PodPart, PoolPods, Worker};
+use crate::controller::pods::{PoolPods, Worker};
 use crate::controller::protocol::TAKEOVER_CONDITION;
 use crate::controller::rollout::drain::Drain;
 use crate::controller::rollout::{lanes_of, takeover};

@@ -1,8 +1,10 @@
 //! Everything a reconcile reads beyond its Deployments and Pods: the lanes' load from Prometheus
 //! and the workers' own counts when the pool is due (`measure.rs`, `reads.rs`), and what the
 //! workers are doing when a step chooses whom to drain, stand in or stop (`work.rs`), and the autoscalers that would fight it (`autoscalers.rs`). Each worker
-//! is asked at most once per reconcile, and Prometheus at most once per query.
+//! is asked at most once per reconcile (`answers.rs`, its `GET /metrics`), and Prometheus at most
+//! once per query.
 
+pub(super) mod answers;
 pub(super) mod autoscalers;
 pub(super) mod measure;
 pub(super) mod reads;

@@ -27,7 +27,7 @@ pub(in crate::controller) struct LastMeasured<'m> {
     pub(in crate::controller) job_seconds: &'m BTreeMap<String, f64>,
 }
 
-/// One reconcile's observation of one pool's workers: the pool, the way to its Pods, and what
+/// One reconcile's observation of one pool's workers: the pool, the snapshot of its Pods, and what
 /// they said, each read once. Every step that acts on workers gets it in place of the four
 /// things it holds.
 pub(in crate::controller) struct Observed<'a> {

@@ -1,18 +1,18 @@
-//! Everything that talks to worker Pods, and nothing else does: one snapshot of the pool's own
-//! workers per reconcile, from the watch caches of the pools' Pods and ReplicaSets (`owners.rs`
-//! says whose a Pod is, `worker.rs` what is kept of it), their
-//! `/metrics` answers, each asked at most once per reconcile and read in `text.rs`, drain and
-//! stand-in requests and deletion costs, all through one client that follows no redirect and
-//! reads capped answers (`http.rs`), within one time budget. The stages that use them: `observe/` (the
-//! reads) and `act/` (the stand-ins, the drains, the ranking and the readiness gates). What a Pod answers is never trusted beyond
-//! those caps, and a refused answer is an answer not given.
+//! One reconcile's snapshot of a pool's own workers, and nothing that talks to them: the workers
+//! from the watch caches of the pools' Pods and ReplicaSets (`owners.rs` says whose a Pod is,
+//! `worker.rs` what is kept of it), the `/metrics` answers this reconcile has had (each worker is
+//! asked at most once per reconcile), the places of its own requests and its one time budget
+//! (`pool_pods.rs`), and the reading of what a worker answers (`text.rs`). No I/O: the stages that
+//! ask the workers through the context's client (`worker_http.rs`) are `observe/` (the reads,
+//! `observe/answers.rs`) and `act/` (the stand-ins, the drains, the deletion costs and the
+//! readiness gates, `act/requests.rs`). What a Pod answers is never trusted beyond the client's
+//! caps, and a refused answer is an answer not given.
 
-mod http;
 mod owners;
 mod pool_pods;
 mod text;
 mod worker;
 
-pub(super) use pool_pods::{PodPart, PoolPods, budget};
+pub(super) use pool_pods::{MetricsText, POD_BUDGET, PoolPods, REQUESTS_IN_FLIGHT, budget};
 pub(super) use text::{finished_counts, gauge_values, parse_gauges, read_answer};
 pub(super) use worker::Worker;

@@ -1,7 +1,7 @@
 //! Reading what workers answer, in the Prometheus text format: every sample of a `/metrics`
 //! text, the gauges of the idle-first ranking, the finished-job counts of the reads and the answer
-//! to a drain request. An answer is already capped in bytes and lines (`http.rs`); here nothing of
-//! it is kept beyond what the pool's lanes and the protocol's names ask for.
+//! to a drain request. An answer is already capped in bytes and lines (`worker_http.rs`); here
+//! nothing of it is kept beyond what the pool's lanes and the protocol's names ask for.
 
 use std::collections::BTreeMap;
 

@@ -1,11 +1,16 @@
-//! Requests to worker Pods, which run whatever a tenant deploys: one client that follows no
+//! The client every request to a worker Pod goes through, held in the context with the other
+//! clients: [`WorkerHttp`], a `GET` and a `POST` of a path at a Pod's address, and its one
+//! implementation, [`Reqwest`]. Worker Pods run whatever a tenant deploys: the client follows no
 //! redirect (a Pod's 302 or 307 would send the operator, from its network position, anywhere),
-//! and answers read as a capped stream (a timeout bounds time, not bytes). Never reads more of
-//! an answer than [`MOST_ANSWER_BYTES`] or [`MOST_ANSWER_LINES`].
+//! and reads answers as a capped stream (a timeout bounds time, not bytes). Never reads more of
+//! an answer than [`MOST_ANSWER_BYTES`] or [`MOST_ANSWER_LINES`]. Only the stages that do I/O
+//! (`observe/`, `act/`) send requests through it.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use tracing::warn;
 
 /// The most of one answer read: a worker's gauges and counters are a few kB; beyond this the
@@ -14,7 +19,7 @@ pub(crate) const MOST_ANSWER_BYTES: usize = 256 * 1024;
 /// The most lines of one answer read (many tiny lines cost more to parse than their bytes say).
 pub(crate) const MOST_ANSWER_LINES: usize = 4096;
 /// How long one request to a Pod may take, its answer included.
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Why a Pod's answer was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -96,8 +101,43 @@ fn client() -> Result<&'static reqwest::Client, Refused> {
         .ok_or(Refused::NoClient)
 }
 
+/// Requests to worker Pods: what the stages that do I/O send through the context.
+pub(crate) trait WorkerHttp: Send + Sync {
+    /// `GET http://{address}{path}`: the text of a 200 answer.
+    fn get<'a>(&'a self, address: &'a str, path: &'a str)
+    -> BoxFuture<'a, Result<String, Refused>>;
+
+    /// `POST http://{address}{path}`: the status and text of any answer but a redirect.
+    fn post<'a>(
+        &'a self,
+        address: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(u16, String), Refused>>;
+}
+
+/// The operator's [`WorkerHttp`]: the one reqwest client below, shared by the whole process.
+pub(crate) struct Reqwest;
+
+impl WorkerHttp for Reqwest {
+    fn get<'a>(
+        &'a self,
+        address: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<String, Refused>> {
+        get(address, path).boxed()
+    }
+
+    fn post<'a>(
+        &'a self,
+        address: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(u16, String), Refused>> {
+        post(address, path).boxed()
+    }
+}
+
 /// `GET http://{address}{path}`: the text of a 200 answer.
-pub(super) async fn get(address: &str, path: &str) -> Result<String, Refused> {
+async fn get(address: &str, path: &str) -> Result<String, Refused> {
     let response = client()?
         .get(format!("http://{address}{path}"))
         .send()
@@ -109,7 +149,7 @@ pub(super) async fn get(address: &str, path: &str) -> Result<String, Refused> {
 }
 
 /// `POST http://{address}{path}`: the status and text of any answer but a redirect.
-pub(super) async fn post(address: &str, path: &str) -> Result<(u16, String), Refused> {
+async fn post(address: &str, path: &str) -> Result<(u16, String), Refused> {
     let response = client()?
         .post(format!("http://{address}{path}"))
         .send()
