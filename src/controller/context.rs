@@ -89,6 +89,14 @@ impl Context {
         self
     }
 
+    /// This context with another way to the workers: the whole-reconcile tests' in-memory
+    /// workers (`fake.rs`).
+    #[cfg(test)]
+    pub(super) fn with_worker_http(mut self, worker_http: Arc<dyn WorkerHttp>) -> Self {
+        self.worker_http = worker_http;
+        self
+    }
+
     /// The time of day `since_start` after this process started.
     pub(super) fn wall(&self, since_start: Duration) -> k8s_openapi::jiff::Timestamp {
         let since = k8s_openapi::jiff::SignedDuration::try_from(since_start).unwrap_or_default();

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -19,7 +21,6 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
@@ -29,6 +30,7 @@ use super::pool_index::PoolIndex;
 use super::protocol::DELETION_COST;
 use super::settings::Settings;
 use super::state::pools::PoolKey;
+use super::worker_http::{Refused, WorkerHttp};
 use crate::api::{LanePool, POOL_LABEL};
 use crate::leader::Fence;
 use crate::prometheus::{AllowedUrls, QueryWindows};
@@ -65,9 +67,14 @@ pub(super) struct FakeWorker {
     pub(super) standing_in: AtomicBool,
     /// It stopped answering (its server is gone).
     pub(super) silent: AtomicBool,
+    /// It does not take drain requests: `POST /drain` answers 404, as a worker that does not
+    /// speak that part of the protocol does.
+    pub(super) refuses_drain: AtomicBool,
     pub(super) asked: AtomicUsize,
     /// Drain and stand-in requests it answered.
     pub(super) posted: AtomicUsize,
+    /// Drain requests (`POST /drain` of more than 0 s) it was sent.
+    pub(super) drains_asked: AtomicUsize,
 }
 
 impl FakeWorker {
@@ -81,7 +88,8 @@ impl FakeWorker {
         )
     }
 
-    fn answer(&self, method: &str, target: &str) -> String {
+    /// Its answer to `method` `target`: status and text.
+    fn answer(&self, method: &str, target: &str) -> (u16, String) {
         self.asked.fetch_add(1, Ordering::SeqCst);
         if method == "POST" {
             self.posted.fetch_add(1, Ordering::SeqCst);
@@ -92,50 +100,69 @@ impl FakeWorker {
                 .and_then(|s| s.parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        match (method, target.split('?').next().unwrap_or_default()) {
+        let path = target.split('?').next().unwrap_or_default();
+        if (method, path) == ("POST", "/drain") && seconds(target) > 0 {
+            self.drains_asked.fetch_add(1, Ordering::SeqCst);
+        }
+        match (method, path) {
+            ("POST", "/drain") if self.refuses_drain.load(Ordering::SeqCst) => {
+                return (404, "not found\n".into());
+            }
             ("POST", "/drain") => self.draining.store(seconds(target) > 0, Ordering::SeqCst),
             ("POST", "/stand-in") => self
                 .standing_in
                 .store(seconds(target) > 0, Ordering::SeqCst),
             _ => {}
         }
-        self.metrics()
+        (200, self.metrics())
+    }
+}
+
+/// The workers by address, answering the operator's requests in memory: the [`WorkerHttp`] the
+/// context of a [`FakeCluster`] holds in place of the network. A silent worker, or an address no
+/// worker has, gives no answer within the client's timeout.
+#[derive(Default)]
+struct FakeWorkers(Mutex<BTreeMap<String, Arc<FakeWorker>>>);
+
+impl FakeWorkers {
+    async fn answer(
+        &self,
+        method: &str,
+        address: &str,
+        path: &str,
+    ) -> Result<(u16, String), Refused> {
+        let worker = self.0.lock().unwrap().get(address).cloned();
+        match worker.filter(|w| !w.silent.load(Ordering::SeqCst)) {
+            Some(worker) => Ok(worker.answer(method, path)),
+            None => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Err(Refused::Timeout)
+            }
+        }
+    }
+}
+
+impl WorkerHttp for FakeWorkers {
+    fn get<'a>(
+        &'a self,
+        address: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<String, Refused>> {
+        async move {
+            match self.answer("GET", address, path).await? {
+                (200, text) => Ok(text),
+                (status, _) => Err(Refused::Status(status)),
+            }
+        }
+        .boxed()
     }
 
-    /// Serves this worker on 127.0.0.1; its port.
-    async fn serve(self: Arc<Self>) -> u16 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let worker = self.clone();
-                tokio::spawn(async move {
-                    let mut read = Vec::new();
-                    let mut buffer = [0u8; 1024];
-                    while !read.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buffer).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => read.extend_from_slice(&buffer[..n]),
-                        }
-                    }
-                    if worker.silent.load(Ordering::SeqCst) {
-                        // Holds the connection and says nothing, as a frozen worker does.
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                        return;
-                    }
-                    let head = String::from_utf8_lossy(&read);
-                    let mut line = head.lines().next().unwrap_or_default().split(' ');
-                    let (method, target) = (line.next().unwrap_or(""), line.next().unwrap_or(""));
-                    let body = worker.answer(method, target);
-                    let response = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = stream.write_all(response.as_bytes()).await;
-                });
-            }
-        });
-        port
+    fn post<'a>(
+        &'a self,
+        address: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(u16, String), Refused>> {
+        self.answer("POST", address, path).boxed()
     }
 }
 
@@ -301,7 +328,10 @@ impl FakeCluster {
             }
         });
         let client = kube::Client::new(service, NAMESPACE);
-        let ctx = Context::new(client, Arc::default(), settings()).with_fence(fence);
+        let answering = Arc::new(FakeWorkers::default());
+        let ctx = Context::new(client, Arc::default(), settings())
+            .with_fence(fence)
+            .with_worker_http(answering.clone());
         autoscaler_writer.apply_watcher_event(&Event::Init);
         autoscaler_writer.apply_watcher_event(&Event::InitDone);
         replicasets.apply::<PartialObjectMeta<ReplicaSet>>(Event::Init, |r| r);
@@ -331,7 +361,12 @@ impl FakeCluster {
             replicasets.apply::<PartialObjectMeta<ReplicaSet>>(Event::InitApply(replicaset), |r| r);
             for i in 0..count {
                 let worker = Arc::new(FakeWorker::default());
-                let port = worker.clone().serve().await;
+                let port = 10_000 + answering.0.lock().unwrap().len();
+                answering
+                    .0
+                    .lock()
+                    .unwrap()
+                    .insert(format!("127.0.0.1:{port}"), worker.clone());
                 let pod_name = format!("{name}-{i}");
                 let pod: Pod = serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Pod",

@@ -26,6 +26,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 pub(crate) enum Refused {
     #[error("{0}")]
     Http(#[from] reqwest::Error),
+    #[error("no answer within {}", crate::duration::human_seconds(REQUEST_TIMEOUT.as_secs_f64()))]
+    Timeout,
     #[error("answered {status} to {location:?}: redirects are not followed")]
     Redirect { status: u16, location: String },
     #[error("answered {0}")]
@@ -52,7 +54,9 @@ impl Refused {
     /// other refusals are the worker's own answer: it does not take the request.
     pub(crate) fn unknown(&self) -> bool {
         match self {
-            Self::Http(_) | Self::OutOfTime | Self::NoClient | Self::NotLeader => true,
+            Self::Http(_) | Self::Timeout | Self::OutOfTime | Self::NoClient | Self::NotLeader => {
+                true
+            }
             Self::Status(status) => *status >= 500,
             Self::Redirect { .. }
             | Self::TooLong
@@ -70,6 +74,7 @@ impl Refused {
             Self::TooLong | Self::TooManyLines => Some("too_large"),
             Self::NotText => Some("not_text"),
             Self::Http(_)
+            | Self::Timeout
             | Self::Status(_)
             | Self::OutOfTime
             | Self::NoClient
@@ -141,7 +146,8 @@ async fn get(address: &str, path: &str) -> Result<String, Refused> {
     let response = client()?
         .get(format!("http://{address}{path}"))
         .send()
-        .await?;
+        .await
+        .map_err(not_sent)?;
     match status_of(&response)? {
         200 => capped(response).await,
         status => Err(Refused::Status(status)),
@@ -153,9 +159,18 @@ async fn post(address: &str, path: &str) -> Result<(u16, String), Refused> {
     let response = client()?
         .post(format!("http://{address}{path}"))
         .send()
-        .await?;
+        .await
+        .map_err(not_sent)?;
     let status = status_of(&response)?;
     Ok((status, capped(response).await?))
+}
+
+/// A request that got no answer: [`Refused::Timeout`] when none came in time.
+fn not_sent(error: reqwest::Error) -> Refused {
+    match error.is_timeout() {
+        true => Refused::Timeout,
+        false => Refused::Http(error),
+    }
 }
 
 /// The answer's status; a redirect refused (it is never followed, nor its body read).

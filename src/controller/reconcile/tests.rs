@@ -122,6 +122,63 @@ mod whole {
     }
 
     #[tokio::test]
+    async fn a_worker_that_refuses_its_drain_is_not_stopped_for_it_and_another_drains() {
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.reconcile().await;
+        cluster.ready(RESERVED, 2);
+        // Every shared worker but one answers its drain request 404: it does not drain.
+        let willing = format!("{SHARED}-3");
+        for (pod, worker) in &cluster.workers {
+            if pod.starts_with(SHARED) && *pod != willing {
+                worker.refuses_drain.store(true, Ordering::SeqCst);
+            }
+        }
+        cluster.take_requests();
+        // Each refusal is replaced by another choice at the next reconcile.
+        for _ in 0..6 {
+            cluster.reconcile().await;
+            let requests = cluster.take_requests();
+            assert!(
+                requests.iter().all(|r| r.applies(SHARED).is_none()),
+                "no shrink while the one draining worker is busy: {requests:?}"
+            );
+        }
+        assert_eq!(cluster.draining(SHARED), [willing.clone()]);
+        let refusers_asked = cluster
+            .workers
+            .iter()
+            .filter(|(pod, w)| **pod != willing && w.refuses_drain.load(Ordering::SeqCst))
+            .map(|(_, w)| w.drains_asked.load(Ordering::SeqCst))
+            .collect::<Vec<_>>();
+        assert!(
+            refusers_asked.iter().all(|&asked| asked <= 1),
+            "a refusal is not asked again: {refusers_asked:?}"
+        );
+        assert!(
+            refusers_asked.iter().any(|&asked| asked == 1),
+            "a refuser was the first choice: {refusers_asked:?}"
+        );
+
+        // The willing one is idle: it, and no refuser, goes first, and shared shrinks.
+        cluster.worker(&willing).busy.store(false, Ordering::SeqCst);
+        let mut shrunk = false;
+        for _ in 0..3 {
+            cluster.reconcile().await;
+            shrunk |= cluster
+                .take_requests()
+                .iter()
+                .any(|r| r.applies(SHARED) == Some(3));
+        }
+        assert!(shrunk);
+        let first: Vec<&String> = cluster
+            .workers
+            .keys()
+            .filter(|pod| cluster.cost(pod).as_deref() == Some("-1"))
+            .collect();
+        assert_eq!(first, [&willing]);
+    }
+
+    #[tokio::test]
     async fn workers_that_cannot_be_heard_hold_the_shrink() {
         let cluster = growing_reserve(Fence::open()).await;
         shown_ready(&cluster);
