@@ -4,12 +4,15 @@
 //! the HPA are the ones in docs/operations.md, read from it with only the addresses changed.
 //! Workers are real `lane_worker`s run by the process kubelet where the behaviour needs them.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::Killed;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Event;
 use kube::Client;
@@ -26,16 +29,6 @@ use testenv::until;
 const INTERVAL: Duration = Duration::from_secs(5);
 /// Each batch job, in milliseconds: a backlog of 100 per worker drains in 20 s.
 const BATCH_MS: u64 = 200;
-
-/// A child process killed (with its workers: they die with their kubelet) when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One test's world: a namespace of the shared control plane, a lane queue (urgent at 30/s,
 /// batch only as the test submits it), Prometheus scraping it and the workers, optionally a

@@ -4,6 +4,8 @@
 //! handled the way the README promises. A Prometheus behind TLS with basic auth or client
 //! certificates is reached with the pool's Secrets.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -220,19 +222,16 @@ impl World {
             .collect()
     }
 
-    /// Polls `check` every 250 ms until it is true, or fails after `seconds`.
-    async fn until<F, Fut>(&self, seconds: u64, what: &str, mut check: F) -> Duration
+    /// `common::until` naming the pool's status when it fails.
+    async fn until<F, Fut>(&self, seconds: u64, what: &str, check: F) -> Duration
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = bool>,
+        Fut: Future<Output = bool>,
     {
-        match testenv::poll_until(Duration::from_secs(seconds), &mut check).await {
-            Some(took) => took,
-            None => panic!(
-                "{what}: not within {seconds} s; status: {:?}",
-                self.pool().await.status
-            ),
-        }
+        common::until(seconds, what, check, || async {
+            format!("status: {:?}", self.pool().await.status)
+        })
+        .await
     }
 }
 

@@ -6,12 +6,15 @@
 //! Where Pods take seconds to start, the shared workers that will stop stand in for the new
 //! reserved ones meanwhile, and are the ones drained.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::Killed;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -29,16 +32,6 @@ use testenv::until;
 const BATCH_SECONDS: f64 = 10.0;
 const GRACE_SECONDS: i64 = 1;
 const SHARED: &str = "lanepool.dev/pool=jobs,lanepool.dev/role=shared";
-
-/// A child process killed (with its workers: they die with their kubelet) when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One test's world: a namespace of the shared control plane (with its controller-manager), a
 /// lane queue with a batch backlog of long jobs, Prometheus, a process kubelet and the operator.

@@ -9,14 +9,17 @@
 //! in a mount namespace of its own it makes the mount points, bind-mounts the container's root
 //! onto itself read-only, and puts a tmpfs on /run (where buildah writes /run/.containerenv).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{poll_blocking, until};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
 use kube::api::PostParams;
@@ -236,25 +239,23 @@ impl FromImage {
     /// The process named `comm` that buildah started (same process group), once it runs.
     fn process(&self, comm: &str) -> u32 {
         let group = self.child.id();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let found = std::fs::read_dir("/proc").unwrap().find_map(|entry| {
+        let mut found = None;
+        poll_blocking(Duration::from_secs(20), Duration::from_millis(100), || {
+            found = std::fs::read_dir("/proc").unwrap().find_map(|entry| {
                 let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
                 let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
                 let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
                 let pgrp: u32 = rest.split(' ').nth(2)?.parse().ok()?;
                 (name == comm && pgrp == group).then_some(pid)
             });
-            if let Some(pid) = found {
-                return pid;
-            }
-            assert!(
-                Instant::now() < deadline,
+            found.is_some()
+        });
+        found.unwrap_or_else(|| {
+            panic!(
                 "no process {comm} from the image; buildah said:\n{}",
                 self.output()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            )
+        })
     }
 
     /// Signals the whole group (buildah and the image's process).
@@ -386,19 +387,6 @@ fn kubeconfig_for_the_image(plane: &testenv::ControlPlane) -> PathBuf {
     dir
 }
 
-async fn until<F, Fut>(seconds: u64, what: &str, mut check: F, output: impl Fn() -> String)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let took = testenv::poll_until(Duration::from_secs(seconds), &mut check).await;
-    assert!(
-        took.is_some(),
-        "{what}: not within {seconds} s; the operator said:\n{}",
-        output()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_from_its_image_sizes_a_pool_as_65532_on_a_read_only_root() {
     let plane = testenv::shared().expect("the control plane starts");
@@ -444,11 +432,12 @@ async fn the_operator_from_its_image_sizes_a_pool_as_65532_on_a_read_only_root()
     assert_runs_as_65532_on_a_read_only_root(pid);
 
     let metrics: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
+    let operator_said = || async { format!("the operator said:\n{}", operator.output()) };
     until(
         30,
         "/readyz answers 200",
         || async { testenv::http_get(metrics, "/readyz").is_ok_and(|(status, _)| status == 200) },
-        || operator.output(),
+        operator_said,
     )
     .await;
 
@@ -478,7 +467,7 @@ async fn the_operator_from_its_image_sizes_a_pool_as_65532_on_a_read_only_root()
             replicas("jobs-urgent-reserved").await == Some(1)
                 && replicas("jobs-shared").await == Some(9)
         },
-        || operator.output(),
+        operator_said,
     )
     .await;
     // And a measured rate, which only a working Prometheus connection gives.
@@ -494,21 +483,20 @@ async fn the_operator_from_its_image_sizes_a_pool_as_65532_on_a_read_only_root()
                     .any(|l| l.arrival_rate_per_second.is_some_and(|r| r > 0.0))
             })
         },
-        || operator.output(),
+        operator_said,
     )
     .await;
 
     // SIGTERM ends the operator (the process the image runs, not only buildah).
     operator.signal(libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the operator did not stop on SIGTERM:\n{}",
-            operator.output()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let stopped = poll_blocking(Duration::from_secs(15), Duration::from_millis(100), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(
+        stopped.is_some(),
+        "the operator did not stop on SIGTERM:\n{}",
+        operator.output()
+    );
     drop(operator);
     let _ = std::fs::remove_dir_all(&kube_dir);
 }
@@ -601,16 +589,15 @@ fn the_worker_from_its_image_takes_jobs_from_the_example_queue() {
     let pid = worker.process("lane-worker");
     assert_runs_as_65532_on_a_read_only_root(pid);
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while queue.completed("batch") < 20.0 {
-        assert!(
-            Instant::now() < deadline,
-            "{} of 20 batch jobs done; the worker said:\n{}",
-            queue.completed("batch"),
-            worker.output()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let done = poll_blocking(Duration::from_secs(20), Duration::from_millis(100), || {
+        queue.completed("batch") >= 20.0
+    });
+    assert!(
+        done.is_some(),
+        "{} of 20 batch jobs done; the worker said:\n{}",
+        queue.completed("batch"),
+        worker.output()
+    );
     let output = worker.output();
     assert!(
         output.contains("worker-from-image: batch job"),
@@ -623,15 +610,19 @@ fn the_worker_from_its_image_takes_jobs_from_the_example_queue() {
 impl FromImage {
     /// Waits for the command to end (a command that runs to its end, not a worker).
     fn finished(&mut self, seconds: u64) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return status.success(),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100))
-                }
-                _ => panic!("still running after {seconds} s:\n{}", self.output()),
-            }
+        // An error from try_wait ends the wait as a timeout does.
+        let mut exited = Ok(None);
+        poll_blocking(
+            Duration::from_secs(seconds),
+            Duration::from_millis(100),
+            || {
+                exited = self.child.try_wait();
+                !matches!(exited, Ok(None))
+            },
+        );
+        match exited {
+            Ok(Some(status)) => status.success(),
+            _ => panic!("still running after {seconds} s:\n{}", self.output()),
         }
     }
 }
@@ -719,15 +710,14 @@ fn the_rq_worker_from_its_image_takes_an_urgent_job_and_serves_the_lane_metrics(
     let pid = worker.process("lanepool-rq-wor");
     assert_runs_as_65532_on_a_read_only_root(pid);
     let metrics: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !testenv::http_get(metrics, "/metrics").is_ok_and(|(status, _)| status == 200) {
-        assert!(
-            Instant::now() < deadline,
-            "no /metrics within 30 s; the worker said:\n{}",
-            worker.output()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let served = poll_blocking(Duration::from_secs(30), Duration::from_millis(200), || {
+        testenv::http_get(metrics, "/metrics").is_ok_and(|(status, _)| status == 200)
+    });
+    assert!(
+        served.is_some(),
+        "no /metrics within 30 s; the worker said:\n{}",
+        worker.output()
+    );
 
     // One urgent job of the demo (examples/redis/jobs.py), enqueued by the image's own RQ.
     let enqueue = format!(
@@ -743,39 +733,30 @@ fn the_rq_worker_from_its_image_takes_an_urgent_job_and_serves_the_lane_metrics(
     );
     assert!(producer.finished(30), "enqueue: {}", producer.output());
     // The job's id (a UUID), once the reading thread has it.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let job_id = loop {
-        let output = producer.output();
-        if let Some(id) = output
+    let (mut output, mut job_id) = (String::new(), None);
+    poll_blocking(Duration::from_secs(5), Duration::from_millis(50), || {
+        output = producer.output();
+        job_id = output
             .lines()
             .find(|l| l.len() == 36 && l.matches('-').count() == 4)
-        {
-            break id.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no job id from the enqueue: {output}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+            .map(String::from);
+        job_id.is_some()
+    });
+    let job_id = job_id.unwrap_or_else(|| panic!("no job id from the enqueue: {output}"));
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let done = loop {
-        let (_, body) = testenv::http_get(metrics, "/metrics").unwrap();
-        if sample(
-            &body,
+    let mut done = String::new();
+    let counted = poll_blocking(Duration::from_secs(20), Duration::from_millis(200), || {
+        done = testenv::http_get(metrics, "/metrics").unwrap().1;
+        sample(
+            &done,
             "lanepool_job_duration_seconds_count{lane=\"urgent\"}",
         ) == Some(1.0)
-        {
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the urgent job not counted within 20 s:\n{body}\nthe worker said:\n{}",
-            worker.output()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    });
+    assert!(
+        counted.is_some(),
+        "the urgent job not counted within 20 s:\n{done}\nthe worker said:\n{}",
+        worker.output()
+    );
     assert_eq!(
         sample(&done, "lanepool_job_wait_seconds_count{lane=\"urgent\"}"),
         Some(1.0)
@@ -800,15 +781,14 @@ fn the_rq_worker_from_its_image_takes_an_urgent_job_and_serves_the_lane_metrics(
     // SIGTERM to the worker (as the kubelet sends it): RQ's warm shutdown, and it ends.
     // SAFETY: kill(2) on the worker this test started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the worker did not stop on SIGTERM:\n{}",
-            worker.output()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let stopped = poll_blocking(Duration::from_secs(15), Duration::from_millis(100), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(
+        stopped.is_some(),
+        "the worker did not stop on SIGTERM:\n{}",
+        worker.output()
+    );
     assert!(
         worker.output().contains("warm shut down requested"),
         "{}",

@@ -6,12 +6,15 @@
 //! its wait) until the stand-in ends, lapses or a drain ends it, a malformed stand-in is refused
 //! naming what is wrong, and a bad environment is refused naming the variable.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::poll_blocking;
 use lanepool_testenv::example;
 
 /// A process killed when the test ends, with its stdout collected line by line.
@@ -176,23 +179,19 @@ fn metric(addr: SocketAddr, name: &str, lane: &str) -> f64 {
 }
 
 fn wait_for_metric(addr: SocketAddr, name: &str, lane: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(addr, name, lane) != value {
-        assert!(
-            Instant::now() < deadline,
-            "{name}{{lane={lane}}} never reached {value}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let reached = poll_blocking(Duration::from_secs(10), Duration::from_millis(20), || {
+        metric(addr, name, lane) == value
+    });
+    assert!(
+        reached.is_some(),
+        "{name}{{lane={lane}}} never reached {value}"
+    );
 }
 
 /// Waits until `done` holds, for at most 10 s.
 fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "no {what} in 10 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let held = poll_blocking(Duration::from_secs(10), Duration::from_millis(10), done);
+    assert!(held.is_some(), "no {what} in 10 s");
 }
 
 /// Puts `count` jobs of `job_ms` in `lane`, as a producer would.

@@ -10,7 +10,7 @@ use kube::Api;
 use kube::api::PostParams;
 use lanepool::api::LanePool;
 use lanepool_testenv as testenv;
-use testenv::until as wait_for;
+use testenv::until;
 
 /// An operator process, stopped when the test ends however it ends.
 struct Operator {
@@ -128,14 +128,14 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
 
     let mut first = Operator::start("first", &namespace, plane.kubeconfig());
-    wait_for(20, "first holds the lease", || async {
+    until(20, "first holds the lease", || async {
         holder(&leases).await.as_deref() == Some("first")
     })
     .await;
     let second = Operator::start("second", &namespace, plane.kubeconfig());
 
     create_pool(&pools, "jobs").await;
-    wait_for(20, "the leader creates the Deployments", || async {
+    until(20, "the leader creates the Deployments", || async {
         exists(&deployments, "jobs-shared").await
     })
     .await;
@@ -165,7 +165,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
         "{}",
         first.log()
     );
-    wait_for(15, "second holds the lease", || async {
+    until(15, "second holds the lease", || async {
         holder(&leases).await.as_deref() == Some("second")
     })
     .await;
@@ -174,7 +174,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
         handover.elapsed().as_secs_f64()
     );
     create_pool(&pools, "later").await;
-    wait_for(20, "the new leader reconciles", || async {
+    until(20, "the new leader reconciles", || async {
         exists(&deployments, "later-shared").await
     })
     .await;
@@ -185,7 +185,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     // the API server thaws, the standby takes the lease and reconciles.
     let mut second = second;
     let third = Operator::start("third", &namespace, plane.kubeconfig());
-    wait_for(20, "third waits as a standby", || async {
+    until(20, "third waits as a standby", || async {
         third.log().contains("waiting for the leader lease")
     })
     .await;
@@ -215,7 +215,7 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
         "stopped within the 3 s lease: {took:?}"
     );
     assert!(second.log().contains("renew deadline"), "{}", second.log());
-    wait_for(30, "third holds the lease after the thaw", || async {
+    until(30, "third holds the lease after the thaw", || async {
         holder(&leases).await.as_deref() == Some("third")
     })
     .await;
@@ -235,20 +235,20 @@ async fn only_the_leader_reconciles_and_the_standby_takes_over() {
     // expires.
     let mut third = third;
     let fourth = Operator::start("fourth", &namespace, plane.kubeconfig());
-    wait_for(20, "fourth waits as a standby", || async {
+    until(20, "fourth waits as a standby", || async {
         fourth.log().contains("waiting for the leader lease")
     })
     .await;
     let killed = Instant::now();
     let _ = third.child.kill();
     let _ = third.child.wait();
-    wait_for(15, "fourth holds the lease after the kill", || async {
+    until(15, "fourth holds the lease after the kill", || async {
         holder(&leases).await.as_deref() == Some("fourth")
     })
     .await;
     let took_over = killed.elapsed();
     create_pool(&pools, "after-kill").await;
-    wait_for(20, "the new leader reconciles after the kill", || async {
+    until(20, "the new leader reconciles after the kill", || async {
         exists(&deployments, "after-kill-shared").await
     })
     .await;
@@ -304,7 +304,7 @@ async fn json_logs_name_the_pool_on_every_reconcile_line_and_each_failure_once()
             .count()
     };
     // Failures come 5 s and then 10 s apart.
-    wait_for(30, "the broken pool's reconcile fails twice", || async {
+    until(30, "the broken pool's reconcile fails twice", || async {
         retried(&operator.log()) >= 2
     })
     .await;
@@ -379,7 +379,7 @@ async fn a_replica_past_its_renew_deadline_writes_nothing() {
             .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    wait_for(20, "writes refused at the fence", || async {
+    until(20, "writes refused at the fence", || async {
         fenced() >= 3.0
     })
     .await;
@@ -398,7 +398,7 @@ async fn a_replica_past_its_renew_deadline_writes_nothing() {
 
     // A renewal seen again: the same replica writes.
     fence.extend_to(Timestamp::now() + SignedDuration::from_secs(3600));
-    wait_for(
+    until(
         20,
         "writes go on once the lease is seen renewed",
         || async { exists(&deployments, "jobs-shared").await },

@@ -8,11 +8,14 @@
 //! slows and recovers, and the scale-downs between stop no busy worker and lose no job (counted
 //! in Redis by every job's own ledger).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::Killed;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -29,16 +32,6 @@ const URGENT_MS: u64 = 50;
 /// cut its job short.
 const BATCH_MS: u64 = 3000;
 const GRACE_SECONDS: i64 = 1;
-
-/// A child process killed (with its workers: they die with their kubelet) when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/redis"))
