@@ -143,7 +143,7 @@ mod whole {
                 "no shrink while the one draining worker is busy: {requests:?}"
             );
         }
-        assert_eq!(cluster.draining(SHARED), [willing.clone()]);
+        assert_eq!(cluster.draining(SHARED), std::slice::from_ref(&willing));
         let refusers_asked = cluster
             .workers
             .iter()
@@ -155,7 +155,7 @@ mod whole {
             "a refusal is not asked again: {refusers_asked:?}"
         );
         assert!(
-            refusers_asked.iter().any(|&asked| asked == 1),
+            refusers_asked.contains(&1),
             "a refuser was the first choice: {refusers_asked:?}"
         );
 
