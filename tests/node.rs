@@ -10,12 +10,15 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use lanepool_testenv::{self as testenv, TestNode, TestPrometheus, TestRedis, TestRegistry};
 use serde_json::Value;
+
+mod common;
+use common::Killed;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -349,16 +352,6 @@ fn documented_relabelling() -> String {
         .map(|line| format!("  {line}"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The README's first LanePool, changed only where the README says to change it for a
