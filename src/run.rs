@@ -71,7 +71,8 @@ pub struct RunArgs {
     #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::prometheus::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = duration::promql_window)]
     pub recent_rate_lookback: String,
 
-    /// How often Prometheus scrapes the workers: the span of the recent rate. A rate counted
+    /// How often Prometheus scrapes the workers: the span of the recent rate (never less than
+    /// 5 s: scraped more often, it is rate() over 5 s and one scrape interval). A rate counted
     /// over few arrivals needs a wider tolerance before the reserve follows it.
     #[arg(long, env = "LANEPOOL_SCRAPE_INTERVAL", default_value = "15s", value_parser = duration::at_least(Duration::ZERO))]
     pub scrape_interval: Duration,

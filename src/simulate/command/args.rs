@@ -190,8 +190,9 @@ pub struct SimulateArgs {
     /// Trailing window of the arrival-rate query.
     #[arg(long, default_value = crate::prometheus::DEFAULT_RATE_WINDOW, value_parser = duration::flag)]
     pub rate_window: Duration,
-    /// How often Prometheus scrapes the workers: the recent arrival rate (irate) spans one
-    /// scrape interval. 0: no recent rate, the operator follows --rate-window alone.
+    /// How often Prometheus scrapes the workers: the recent arrival rate spans one scrape
+    /// interval (irate), and never less than 5 s (the operator's rate() when scrapes are faster).
+    /// 0: no recent rate, the operator follows --rate-window alone.
     #[arg(long, default_value = "15s", value_parser = duration::flag)]
     pub scrape_interval: Duration,
     /// Trailing window of the job-time query.
