@@ -495,7 +495,8 @@ pub struct LaneStatus {
     /// Jobs per second as a number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrival_rate_per_second: Option<f64>,
-    /// Jobs per second over the last scrape interval ("148/s"), which the reserve follows;
+    /// Jobs per second recently ("148/s"), which the reserve follows: over the last read of the
+    /// workers' own counts, else over Prometheus's last scrape interval (5 s at least);
     /// absent for custom queries and before Prometheus has two samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_arrival_rate: Option<String>,

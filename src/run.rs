@@ -68,12 +68,14 @@ pub struct RunArgs {
 
     /// Lookback of the recent arrival-rate query, irate() over the default metric: the rate of
     /// the last scrape interval, which the reserve follows both ways; it must hold two scrapes.
+    /// Unused when --scrape-interval is under 5 s: the recent rate is then rate() over 5 s.
     #[arg(long, env = "LANEPOOL_RECENT_RATE_LOOKBACK", default_value = crate::prometheus::DEFAULT_RECENT_RATE_LOOKBACK, value_parser = duration::promql_window)]
     pub recent_rate_lookback: String,
 
     /// How often Prometheus scrapes the workers: the span of the recent rate (never less than
-    /// 5 s: scraped more often, it is rate() over 5 s and one scrape interval). A rate counted
-    /// over few arrivals needs a wider tolerance before the reserve follows it.
+    /// 5 s: scraped more often, it is rate() over whole scrape intervals spanning 5 s, so this
+    /// must not be shorter than your Prometheus's). A rate counted over few arrivals needs a wider
+    /// tolerance before the reserve follows it. 0: no recent rate.
     #[arg(long, env = "LANEPOOL_SCRAPE_INTERVAL", default_value = "15s", value_parser = duration::at_least(Duration::ZERO))]
     pub scrape_interval: Duration,
 

@@ -165,7 +165,7 @@ async fn post(address: &str, path: &str) -> Result<(u16, String), Refused> {
     Ok((status, capped(response).await?))
 }
 
-/// A request that got no answer: [`Refused::Timeout`] when none came in time.
+/// A request that got no (whole) answer: [`Refused::Timeout`] when it did not come in time.
 fn not_sent(error: reqwest::Error) -> Refused {
     match error.is_timeout() {
         true => Refused::Timeout,
@@ -200,7 +200,7 @@ async fn capped(mut response: reqwest::Response) -> Result<String, Refused> {
     }
     let mut body = Vec::new();
     let mut lines = 0;
-    while let Some(chunk) = response.chunk().await? {
+    while let Some(chunk) = response.chunk().await.map_err(not_sent)? {
         if body.len() + chunk.len() > MOST_ANSWER_BYTES {
             return Err(Refused::TooLong);
         }

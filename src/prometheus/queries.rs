@@ -21,8 +21,9 @@ pub const DEFAULT_JOB_TIME_WINDOW: &str = "5m";
 pub struct QueryWindows {
     /// For the arrival rate, such as "1m".
     pub arrival_rate: String,
-    /// The lookback of the recent arrival rate (`irate`: the last scrape interval), such as
-    /// "1m"; `None`: not asked.
+    /// The lookback of the recent arrival rate (`irate`: the last scrape interval; unused when
+    /// scrapes come more often than every 5 s, see `recent_query`), such as "1m"; `None`: not
+    /// asked.
     pub recent_arrival_rate: Option<String>,
     /// How often Prometheus scrapes the workers: the span of the recent rate, for its noise.
     pub scrape_interval: Duration,
@@ -73,7 +74,8 @@ pub struct Series {
     pub lane: String,
 }
 
-/// The recent arrival rate's query and the window it counts over (one scrape interval).
+/// The recent arrival rate's query and the window it counts over (one scrape interval, 5 s at
+/// least).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecentQuery {
     pub query: Query,
@@ -136,14 +138,15 @@ pub fn default_job_time(namespace: &str, pool: &str, lane: &str, windows: &Query
 /// The recent arrival rate's PromQL and the span it counts over (see
 /// [`crate::sizing::recent_window`]): `irate` over the last two samples, one scrape interval,
 /// when Prometheus scrapes at most every [`crate::sizing::SHORTEST_RECENT_WINDOW`]; scraped more
-/// often, `rate` over a range one scrape interval longer than that span, so its samples span it.
-fn recent_query(lookback: &str, scrape_interval: Duration) -> (String, Duration) {
-    let window = crate::sizing::recent_window(scrape_interval);
+/// often, `rate` over a range one scrape interval longer than that span (whole scrape
+/// intervals), so its samples span it. `None` without a scrape interval.
+fn recent_query(lookback: &str, scrape_interval: Duration) -> Option<(String, Duration)> {
+    let window = crate::sizing::recent_window(scrape_interval)?;
     if window == scrape_interval {
-        return (submitted("irate", lookback), window);
+        return Some((submitted("irate", lookback), window));
     }
     let range = format!("{}ms", (window + scrape_interval).as_millis());
-    (submitted("rate", &range), window)
+    Some((submitted("rate", &range), window))
 }
 
 fn lane_queries(
@@ -179,7 +182,7 @@ fn lane_queries(
         None => windows
             .recent_arrival_rate
             .as_deref()
-            .map(|lookback| recent_query(lookback, windows.scrape_interval))
+            .and_then(|lookback| recent_query(lookback, windows.scrape_interval))
             .map(|(promql, window)| RecentQuery {
                 query: shared(promql),
                 window,
@@ -300,6 +303,11 @@ mod tests {
         );
         assert_eq!(recent(2500).1, Duration::from_secs(5));
         assert!(recent(2500).0.contains("[7500ms]"));
+        // Whole scrape intervals: 2 s scrapes span 6 s, 4 s scrapes 8 s (never less than 5 s).
+        assert_eq!(recent(2000).1, Duration::from_secs(6));
+        assert!(recent(2000).0.contains("[8000ms]"));
+        assert_eq!(recent(4000).1, Duration::from_secs(8));
+        assert!(recent(4000).0.contains("[12000ms]"));
         // From one interval up, `irate` over the lookback: the last scrape interval.
         for scrape_ms in [5000, 15_000, 60_000] {
             let (promql, window) = recent(scrape_ms);
@@ -309,6 +317,16 @@ mod tests {
             );
             assert_eq!(window, Duration::from_millis(scrape_ms));
         }
+    }
+
+    #[test]
+    fn without_a_scrape_interval_no_recent_rate_is_asked() {
+        let windows = QueryWindows {
+            scrape_interval: Duration::ZERO,
+            ..windows()
+        };
+        let queries = pool_queries(&example(), &windows).unwrap();
+        assert_eq!(queries[0].recent_arrival_rate, None);
     }
 
     #[test]

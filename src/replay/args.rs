@@ -71,8 +71,8 @@ pub struct ReplayArgs {
     /// Trailing window of the default job-time query, as the operator's --job-time-window.
     #[arg(long, default_value = crate::prometheus::DEFAULT_JOB_TIME_WINDOW, value_parser = duration::promql_window)]
     pub job_time_window: String,
-    /// How often Prometheus scrapes the workers: the span of the replayed operator's recent rate,
-    /// and the age of its newest sample.
+    /// How often Prometheus scrapes the workers: the span of the replayed operator's recent rate
+    /// (5 s at least), and the age of its newest sample.
     #[arg(long, default_value = "15s", value_parser = duration::flag)]
     pub scrape_interval: Duration,
 

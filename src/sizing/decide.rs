@@ -15,8 +15,9 @@ use crate::duration::compact;
 pub struct LaneLoad {
     /// Jobs per second over the long window: what the reserve follows without a recent rate.
     pub arrival_rate: f64,
-    /// The rate over the last scrape interval, which the reserve follows both ways. `None` when
-    /// not measured (a custom query, or too few samples yet).
+    /// The rate over a short recent window (the last worker read, or Prometheus's last scrape
+    /// interval, 5 s at least: see [`recent_window`]), which the reserve follows both ways.
+    /// `None` when not measured (a custom query, or too few samples yet).
     pub recent_arrival_rate: Option<RecentRate>,
     /// Mean job time in seconds; `None` only when the rate is zero and no job ran.
     pub job_seconds: Option<f64>,
@@ -387,14 +388,26 @@ pub const NOISE_SIGMAS: f64 = 2.0;
 /// `spec.interval`, the jobs a worker read counts between two decisions. Prometheus's `irate`
 /// spans one scrape interval; scraped every second, 10/s is a count of 10, and at 10/s × 53 ms
 /// (11.5/s asks a third reserved worker) a pool measured by Prometheus alone resized 10 times an
-/// hour at steady load in `simulate` (10 seeds, 0–16), 0 when the rate counts over 5 s. Scraped
-/// less often than this, the rate is `irate`'s, over one scrape interval.
+/// hour at steady load in `simulate` (seeds 1–10: 0–16 times), 0–2 times when the rate counts
+/// over 5 s. Scraped less often than this, the rate is `irate`'s, over one scrape interval.
 pub const SHORTEST_RECENT_WINDOW: Duration = Duration::from_secs(5);
 
 /// The span Prometheus's recent arrival rate counts over when it scrapes every
-/// `scrape_interval`: one scrape interval, or [`SHORTEST_RECENT_WINDOW`] when that is shorter.
-pub fn recent_window(scrape_interval: Duration) -> Duration {
-    scrape_interval.max(SHORTEST_RECENT_WINDOW)
+/// `scrape_interval`: one scrape interval, or, when that is shorter than
+/// [`SHORTEST_RECENT_WINDOW`], the fewest whole scrape intervals that span it (1 s: 5 s; 2 s:
+/// 6 s), so the samples a range query finds span what the rate is judged over. `None` without a
+/// scrape interval: no recent rate.
+pub fn recent_window(scrape_interval: Duration) -> Option<Duration> {
+    if scrape_interval.is_zero() {
+        return None;
+    }
+    if scrape_interval >= SHORTEST_RECENT_WINDOW {
+        return Some(scrape_interval);
+    }
+    let scrapes = SHORTEST_RECENT_WINDOW
+        .as_nanos()
+        .div_ceil(scrape_interval.as_nanos());
+    Some(scrape_interval * u32::try_from(scrapes).unwrap_or(u32::MAX))
 }
 
 /// The widest tolerance a noisy rate gets.

@@ -10,7 +10,7 @@ use crate::duration::{human_seconds, trim};
 /// "30/s × 20 ms × 2 = 1.2": the rate (recent, when the reserve followed it), the job time and
 /// the rule's arithmetic; a recent rate's window follows ("the recent rate over 5 s"), since the
 /// fewer jobs it counted, the noisier it is (a worker read spans the interval, Prometheus's
-/// `irate` one scrape interval).
+/// recent rate one scrape interval, 5 s at least).
 pub(super) fn arithmetic(
     sizing: &PoolSizing,
     lane: &LaneSizing,

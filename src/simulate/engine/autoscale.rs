@@ -81,15 +81,13 @@ impl Control {
             None => Err("no samples yet".to_string()),
             Some(rate) => Ok(LaneLoad {
                 arrival_rate: rate,
-                recent_arrival_rate: (c.scrape_interval > 0)
-                    .then(|| {
-                        let window = recent_window(Duration::from_nanos(c.scrape_interval));
+                recent_arrival_rate: recent_window(Duration::from_nanos(c.scrape_interval))
+                    .and_then(|window| {
                         let span = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
                         observed
                             .arrival_rate(now, span, c.scrape_delay)
                             .map(|per_second| RecentRate { per_second, window })
-                    })
-                    .flatten(),
+                    }),
                 // The LanePool would set jobTime.fallback to the known job time.
                 job_seconds: Some(
                     observed

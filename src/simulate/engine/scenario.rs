@@ -131,8 +131,8 @@ pub struct Autoscale {
     pub interval: Nanos,
     /// The trailing window of the arrival-rate query (`rate(...[1m])`).
     pub rate_window: Nanos,
-    /// How often Prometheus scrapes: the recent arrival rate (irate) spans one scrape
-    /// interval. 0: no recent rate.
+    /// How often Prometheus scrapes: the recent arrival rate spans one scrape interval, 5 s at
+    /// least (`sizing::recent_window`). 0: no recent rate.
     pub scrape_interval: Nanos,
     /// The trailing window of the job-time query.
     pub job_time_window: Nanos,
