@@ -78,3 +78,22 @@ async fn prometheus_sees_the_simulated_load_through_promql() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// The jobs' ledger counts by job id: a job that finished without being recorded as submitted
+/// (its producer stopped between queueing it and recording it) is neither lost nor hides one,
+/// and a submitted job neither finished nor still queued is lost.
+#[tokio::test]
+async fn the_ledger_counts_jobs_by_id() {
+    use lanepool_testenv::{FINISHED, STARTED, SUBMITTED, TestRedis};
+    let redis = TestRedis::start().expect("redis-server starts");
+    let run = |words: &[&str]| {
+        redis.command(words).expect("redis answers");
+    };
+    run(&["SADD", SUBMITTED, "a", "b", "c", "lost"]);
+    run(&["SADD", STARTED, "a", "b", "unrecorded"]);
+    run(&["SADD", FINISHED, "a", "b", "unrecorded"]);
+    run(&["RPUSH", "rq:queue:batch", "c"]);
+    let ledger = redis.settle("rq:queue:urgent", "rq:queue:batch").await;
+    assert!(ledger.settled);
+    assert_eq!((ledger.cut_short, ledger.lost), (0, 1), "{ledger:?}");
+}
