@@ -30,7 +30,7 @@ use super::pool_index::PoolIndex;
 use super::protocol::DELETION_COST;
 use super::settings::Settings;
 use super::state::pools::PoolKey;
-use super::worker_http::{Refused, WorkerHttp};
+use super::worker_http::{REQUEST_TIMEOUT, Refused, WorkerHttp};
 use crate::api::{LanePool, POOL_LABEL};
 use crate::leader::Fence;
 use crate::prometheus::{AllowedUrls, QueryWindows};
@@ -135,7 +135,7 @@ impl FakeWorkers {
         match worker.filter(|w| !w.silent.load(Ordering::SeqCst)) {
             Some(worker) => Ok(worker.answer(method, path)),
             None => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(REQUEST_TIMEOUT).await;
                 Err(Refused::Timeout)
             }
         }
@@ -361,12 +361,12 @@ impl FakeCluster {
             replicasets.apply::<PartialObjectMeta<ReplicaSet>>(Event::InitApply(replicaset), |r| r);
             for i in 0..count {
                 let worker = Arc::new(FakeWorker::default());
-                let port = 10_000 + answering.0.lock().unwrap().len();
-                answering
-                    .0
-                    .lock()
-                    .unwrap()
-                    .insert(format!("127.0.0.1:{port}"), worker.clone());
+                let port = {
+                    let mut answering = answering.0.lock().unwrap();
+                    let port = 10_000 + answering.len();
+                    answering.insert(format!("127.0.0.1:{port}"), worker.clone());
+                    port
+                };
                 let pod_name = format!("{name}-{i}");
                 let pod: Pod = serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Pod",

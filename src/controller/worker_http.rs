@@ -19,7 +19,7 @@ pub(crate) const MOST_ANSWER_BYTES: usize = 256 * 1024;
 /// The most lines of one answer read (many tiny lines cost more to parse than their bytes say).
 pub(crate) const MOST_ANSWER_LINES: usize = 4096;
 /// How long one request to a Pod may take, its answer included.
-const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Why a Pod's answer was not taken.
 #[derive(Debug, thiserror::Error)]
