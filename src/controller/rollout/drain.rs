@@ -15,9 +15,9 @@ use super::shrink::Shrink;
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a reconcile comes back while a drained worker is still busy: a fraction of the
 /// jobs that make draining worth it (a second and more), so the shrink follows their end closely.
-pub(in crate::controller) const DRAIN_POLL: Duration = Duration::from_millis(500);
+pub(crate) const DRAIN_POLL: Duration = Duration::from_millis(500);
 /// How often a drain whose workers are all idle is renewed until its shrink goes.
-pub(in crate::controller) const DRAIN_RENEW: Duration = Duration::from_secs(5);
+pub(crate) const DRAIN_RENEW: Duration = Duration::from_secs(5);
 /// How many of the served lanes' longest mean job time a drain waits at most: a job three times
 /// its lane's mean is rare (5 % of exponential job times, none of 2–4 s uniform ones).
 const JOB_TIMES: f64 = 3.0;
@@ -29,58 +29,58 @@ const LAPSE_MARGIN: Duration = Duration::from_secs(15);
 
 /// One Deployment's drain, remembered between reconciles. Times are since the process started.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(in crate::controller) struct Drain {
+pub(crate) struct Drain {
     /// Whether its workers were chosen: a drain starts when first advanced.
-    pub(in crate::controller) started: bool,
+    pub(crate) started: bool,
     /// The count the Deployment shrinks to.
-    pub(in crate::controller) to: i32,
+    pub(crate) to: i32,
     /// How long a drained worker may take to finish its job.
-    pub(in crate::controller) timeout: Duration,
+    pub(crate) timeout: Duration,
     /// The workers draining, by Pod name.
-    pub(in crate::controller) pods: BTreeMap<String, Drained>,
+    pub(crate) pods: BTreeMap<String, Drained>,
     /// Pods that answered without draining: ranked as before, not asked again for this drain.
-    pub(in crate::controller) refused: BTreeSet<String>,
+    pub(crate) refused: BTreeSet<String>,
     /// A drained worker refused since the workers were chosen: another is chosen in its place.
-    pub(in crate::controller) rechoose: bool,
+    pub(crate) rechoose: bool,
     /// No worker could be chosen: none answered and Prometheus did not say what they do.
-    pub(in crate::controller) unread: bool,
+    pub(crate) unread: bool,
     /// A drained worker known idle does not show its deletion cost -1 in the Pod cache yet: the
     /// shrink waits for it, and the reconcile comes back soon.
-    pub(in crate::controller) costs_unseen: bool,
+    pub(crate) costs_unseen: bool,
     /// Whether the end of the wait was logged.
-    pub(in crate::controller) over: bool,
+    pub(crate) over: bool,
     /// The drain of a rollover (`rollout/takeover.rs`): its workers make way for the new
     /// template's, not for a smaller Deployment.
-    pub(in crate::controller) rollover: bool,
+    pub(crate) rollover: bool,
 }
 
 /// A worker asked to drain.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(in crate::controller) struct Drained {
-    pub(in crate::controller) asked_at: Duration,
+pub(crate) struct Drained {
+    pub(crate) asked_at: Duration,
     /// Its last answer said `lanepool_worker_busy 0`. False while its state is unknown (no
     /// answer yet, or its last request went unanswered): unknown is never idle.
-    pub(in crate::controller) idle: bool,
+    pub(crate) idle: bool,
 }
 
 /// How a drain's wait ended: its drained workers idle and still busy, and how long it waited.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(in crate::controller) struct Ended {
-    pub(in crate::controller) idle: usize,
-    pub(in crate::controller) still_busy: usize,
-    pub(in crate::controller) waited: Duration,
+pub(crate) struct Ended {
+    pub(crate) idle: usize,
+    pub(crate) still_busy: usize,
+    pub(crate) waited: Duration,
 }
 
 impl Drain {
     /// Whether the shrink still waits: a drained worker is busy, within the drain timeout.
-    pub(in crate::controller) fn holds(&self, now: Duration) -> bool {
+    pub(crate) fn holds(&self, now: Duration) -> bool {
         self.pods
             .values()
             .any(|p| !p.idle && now.saturating_sub(p.asked_at) < self.timeout)
     }
 
     /// The drained workers not confirmed idle: busy, or not heard from.
-    pub(in crate::controller) fn unconfirmed(&self) -> usize {
+    pub(crate) fn unconfirmed(&self) -> usize {
         self.pods.values().filter(|p| !p.idle).count()
     }
 
@@ -89,7 +89,7 @@ impl Drain {
     /// busy at the timeout, or not answering), so the shrink takes only workers known idle, or
     /// ones that do not drain at all (ranked as before). Those left are asked again each
     /// reconcile and go once they answer idle.
-    pub(in crate::controller) fn floor(&self, shrink: &Shrink, now: Duration) -> i32 {
+    pub(crate) fn floor(&self, shrink: &Shrink, now: Duration) -> i32 {
         // A refusal's replacement is chosen at the next reconcile: until then, hold.
         if self.unread || self.rechoose || self.holds(now) {
             return shrink.live;
@@ -100,12 +100,12 @@ impl Drain {
 
     /// Records that no worker's state could be read to choose from: unknown means hold, so the
     /// shrink waits (see [`Self::floor`]) and the next reconcile tries again.
-    pub(in crate::controller) fn hold_unread(&mut self) {
+    pub(crate) fn hold_unread(&mut self) {
         self.unread = true;
     }
 
     /// The drained workers that are idle: the ones the shrink stops.
-    pub(in crate::controller) fn idle(&self) -> BTreeSet<String> {
+    pub(crate) fn idle(&self) -> BTreeSet<String> {
         self.pods
             .iter()
             .filter(|(_, p)| p.idle)
@@ -122,14 +122,14 @@ impl Drain {
 
     /// Forgets the drained workers that are gone: a drained Pod deleted meanwhile no longer holds
     /// the shrink.
-    pub(in crate::controller) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
         let live: BTreeSet<&str> = live.into_iter().collect();
         self.pods.retain(|name, _| live.contains(name.as_str()));
     }
 
     /// Whether the workers are (re)chosen now: at the start, or when the count it shrinks to
     /// changed.
-    pub(in crate::controller) fn starting(&self, shrink: &Shrink) -> bool {
+    pub(crate) fn starting(&self, shrink: &Shrink) -> bool {
         !self.started || self.to != shrink.to || self.rechoose
     }
 
@@ -137,7 +137,7 @@ impl Drain {
     /// refused before is not one), each newly chosen one asked at `now`, with a timeout from the
     /// served lanes' `served_job_seconds` (see [`drain_timeout`]). Returns the workers drained
     /// before and no longer chosen: they are called back.
-    pub(in crate::controller) fn start(
+    pub(crate) fn start(
         &mut self,
         shrink: &Shrink,
         candidates: &[Candidate],
@@ -177,7 +177,7 @@ impl Drain {
     /// What to ask each of the `live` workers: a drained one to drain for the rest of its time
     /// (asked again each reconcile: a restarted worker drains anew, and the lapse moves on), one
     /// `called_back` to stop draining (`0`); the others nothing.
-    pub(in crate::controller) fn requests<'a>(
+    pub(crate) fn requests<'a>(
         &self,
         live: impl IntoIterator<Item = &'a str>,
         called_back: &[String],
@@ -195,7 +195,7 @@ impl Drain {
     /// refused is not draining, is not asked again for this drain, and another worker is chosen
     /// in its place; one not heard from is not idle (it may have taken a job) and stays drained,
     /// asked again at the next reconcile.
-    pub(in crate::controller) fn answered(&mut self, answers: BTreeMap<String, DrainAnswer>) {
+    pub(crate) fn answered(&mut self, answers: BTreeMap<String, DrainAnswer>) {
         for (name, answer) in answers {
             match (answer, self.pods.get_mut(&name)) {
                 (DrainAnswer::Draining { busy }, Some(drained)) => drained.idle = !busy,
@@ -212,7 +212,7 @@ impl Drain {
 
     /// How the wait ended, once: `None` while it holds, when it was told already, or when no
     /// worker drains.
-    pub(in crate::controller) fn ended(&mut self, now: Duration) -> Option<Ended> {
+    pub(crate) fn ended(&mut self, now: Duration) -> Option<Ended> {
         if self.holds(now) || self.over || self.pods.is_empty() {
             return None;
         }
@@ -229,7 +229,7 @@ impl Drain {
 
 /// Takes out the drains of Deployments that no longer shrink (not among `shrinks`): called off,
 /// their workers are to take jobs again.
-pub(in crate::controller) fn called_off(
+pub(crate) fn called_off(
     drains: &mut BTreeMap<String, Drain>,
     shrinks: &[Shrink],
 ) -> Vec<(String, Drain)> {
@@ -238,10 +238,7 @@ pub(in crate::controller) fn called_off(
 
 /// How soon to come back for the pool's drains: soon while a drained worker is busy, before
 /// the drain lapses while all are idle; `None` without drains.
-pub(in crate::controller) fn requeue(
-    drains: &BTreeMap<String, Drain>,
-    now: Duration,
-) -> Option<Duration> {
+pub(crate) fn requeue(drains: &BTreeMap<String, Drain>, now: Duration) -> Option<Duration> {
     if drains
         .values()
         .any(|d| d.holds(now) || d.costs_unseen || d.rechoose)
@@ -300,7 +297,7 @@ pub fn choose(candidates: &[Candidate], k: usize) -> Vec<String> {
 #[cfg(test)]
 impl Candidate {
     /// A ready worker not yet draining, at `cost`: the candidate most tests choose among.
-    pub(in crate::controller) fn ready_at(name: &str, cost: i32) -> Self {
+    pub(crate) fn ready_at(name: &str, cost: i32) -> Self {
         Self {
             name: name.into(),
             ready: true,

@@ -6,17 +6,17 @@
 //! new reserved ones (`stand_in.rs`). Each shrinking Deployment's Pods are ranked (`cost.rs`)
 //! just before it shrinks. `grace.rs` checks that a stopped worker can finish its job.
 
-pub(super) mod cost;
+pub(crate) mod cost;
 pub(crate) mod drain;
 pub(super) mod grace;
 pub(super) mod inherited;
 #[cfg(test)]
 mod properties;
 mod shrink;
-pub(super) mod stand_in;
+pub(crate) mod stand_in;
 mod step;
 pub(crate) mod surge;
 pub(super) mod takeover;
 
-pub(super) use shrink::{Shrink, StandIn, lanes_of};
-pub(super) use step::{Held, Release, Rollout, Rules, Settled, Surge, WaitsFor, rollout};
+pub(crate) use shrink::{Shrink, StandIn, lanes_of};
+pub(crate) use step::{Held, Release, Rollout, Rules, Settled, Surge, WaitsFor, rollout};

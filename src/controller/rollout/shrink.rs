@@ -9,23 +9,23 @@ use crate::controller::deployments::Role;
 /// A Deployment about to shrink: its name, the count it has and the one it shrinks to, and the
 /// lanes its workers serve.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Shrink {
-    pub(in crate::controller) deployment: String,
-    pub(in crate::controller) live: i32,
-    pub(in crate::controller) to: i32,
-    pub(in crate::controller) lanes: Vec<String>,
+pub(crate) struct Shrink {
+    pub(crate) deployment: String,
+    pub(crate) live: i32,
+    pub(crate) to: i32,
+    pub(crate) lanes: Vec<String>,
 }
 
 /// A shrink waiting for the surge: the `shrink.live - shrink.to` workers it will stop serve the
 /// lanes of the Deployments taking over (`serves`, in priority order) until those are ready.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct StandIn {
-    pub(in crate::controller) shrink: Shrink,
-    pub(in crate::controller) serves: Vec<String>,
+pub(crate) struct StandIn {
+    pub(crate) shrink: Shrink,
+    pub(crate) serves: Vec<String>,
 }
 
 /// Takes the entries of the Deployments that `still` does not name out of `by_deployment`.
-pub(in crate::controller) fn take_out_others<V>(
+pub(crate) fn take_out_others<V>(
     by_deployment: &mut BTreeMap<String, V>,
     still: impl Fn(&str) -> bool,
 ) -> Vec<(String, V)> {
@@ -41,7 +41,7 @@ pub(in crate::controller) fn take_out_others<V>(
 }
 
 /// The lanes a role's workers take jobs from, in priority order.
-pub(in crate::controller) fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
+pub(crate) fn lanes_of(pool: &LanePool, role: &Role) -> Vec<String> {
     match role {
         Role::Reserved { lane } => vec![lane.clone()],
         Role::Shared => pool.spec.lanes.iter().map(|l| l.name.clone()).collect(),

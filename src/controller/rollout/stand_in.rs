@@ -17,22 +17,22 @@ const LAPSE_MARGIN: Duration = Duration::from_secs(15);
 
 /// One shrinking Deployment's stand-ins, remembered between reconciles.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(in crate::controller) struct StandIns {
+pub(crate) struct StandIns {
     /// The count the Deployment shrinks to, and the lanes its stand-ins serve, when they were
     /// chosen.
-    pub(in crate::controller) to: i32,
-    pub(in crate::controller) serves: Vec<String>,
+    pub(crate) to: i32,
+    pub(crate) serves: Vec<String>,
     /// The workers standing in, by Pod name.
-    pub(in crate::controller) pods: BTreeSet<String>,
+    pub(crate) pods: BTreeSet<String>,
     /// Pods that answered without standing in: not asked again for this surge.
-    pub(in crate::controller) refused: BTreeSet<String>,
-    pub(in crate::controller) started: bool,
+    pub(crate) refused: BTreeSet<String>,
+    pub(crate) started: bool,
 }
 
 impl StandIns {
     /// Whether the workers are (re)chosen now: at the start, or when the count the Deployment
     /// shrinks to or the lanes to serve changed.
-    pub(in crate::controller) fn starting(&self, stand_in: &StandIn) -> bool {
+    pub(crate) fn starting(&self, stand_in: &StandIn) -> bool {
         !self.started || self.to != stand_in.shrink.to || self.serves != stand_in.serves
     }
 
@@ -40,7 +40,7 @@ impl StandIns {
     /// the surge is over (the k the ReplicaSet controller will delete; those standing in already
     /// first). Returns the workers to ask (all chosen: the lanes may have changed) and those
     /// standing in before that are no longer chosen (to be sent back to their own lanes).
-    pub(in crate::controller) fn start(
+    pub(crate) fn start(
         &mut self,
         stand_in: &StandIn,
         candidates: &[Candidate],
@@ -65,7 +65,7 @@ impl StandIns {
     }
 
     /// Records the answers (`true`: standing in); a worker that refused is not asked again.
-    pub(in crate::controller) fn answered(&mut self, answers: BTreeMap<String, bool>) {
+    pub(crate) fn answered(&mut self, answers: BTreeMap<String, bool>) {
         for (name, standing_in) in answers {
             if !standing_in && self.pods.remove(&name) {
                 self.refused.insert(name);
@@ -74,7 +74,7 @@ impl StandIns {
     }
 
     /// Forgets the workers that are gone.
-    pub(in crate::controller) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
         let live: BTreeSet<&str> = live.into_iter().collect();
         self.pods.retain(|name| live.contains(name.as_str()));
     }
@@ -82,7 +82,7 @@ impl StandIns {
 
 /// Takes out the stand-ins of Deployments whose shrink no longer waits for the surge (it goes
 /// now, or was called off): their workers are to be drained, or to serve their own lanes again.
-pub(in crate::controller) fn ended(
+pub(crate) fn ended(
     stand_ins: &mut BTreeMap<String, StandIns>,
     waiting: &[StandIn],
 ) -> Vec<(String, StandIns)> {
@@ -93,7 +93,7 @@ pub(in crate::controller) fn ended(
 
 /// How long to ask a worker to stand in for: until the surge's limit (`surge_ends`) and
 /// [`LAPSE_MARGIN`] beyond, in whole seconds.
-pub(in crate::controller) fn lapse(surge_ends: Duration, now: Duration) -> u64 {
+pub(crate) fn lapse(surge_ends: Duration, now: Duration) -> u64 {
     (surge_ends.saturating_sub(now) + LAPSE_MARGIN)
         .as_secs_f64()
         .ceil() as u64

@@ -15,77 +15,77 @@ use crate::sizing::Replicas;
 
 /// How the operator rolls a decision out (from its flags).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(in crate::controller) struct Rules {
+pub(crate) struct Rules {
     /// How long a shrink waits for the growing Deployments to be ready; zero: no wait.
-    pub(in crate::controller) surge_timeout: Duration,
+    pub(crate) surge_timeout: Duration,
     /// Rank a shrinking Deployment's Pods so idle workers go first.
-    pub(in crate::controller) rank: bool,
+    pub(crate) rank: bool,
     /// Drain the workers a shrink stops before it goes.
-    pub(in crate::controller) drain: bool,
+    pub(crate) drain: bool,
 }
 
 /// Where a surge stands, as the pool's memory has it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(in crate::controller) struct Surge {
+pub(crate) struct Surge {
     /// How long a shrink has waited for the growing Deployments (`None`: none waits).
-    pub(in crate::controller) waited: Option<Duration>,
+    pub(crate) waited: Option<Duration>,
     /// The Deployments that grew for the waiting shrink.
-    pub(in crate::controller) taking_over: BTreeSet<String>,
+    pub(crate) taking_over: BTreeSet<String>,
 }
 
 /// One reconcile's way to the decided counts.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Rollout {
+pub(crate) struct Rollout {
     /// The counts of this step of the surge: growth at once, a shrink once the others are ready.
-    pub(in crate::controller) step: Replicas,
+    pub(crate) step: Replicas,
     /// A shrink waits for the growing Deployments.
-    pub(in crate::controller) waiting: bool,
+    pub(crate) waiting: bool,
     /// The Deployments growing in this surge, whose readiness a shrink waits for: remembered
     /// while it waits (once grown, a Deployment's count is its target, but it still takes over).
-    pub(in crate::controller) taking_over: BTreeSet<String>,
+    pub(crate) taking_over: BTreeSet<String>,
     /// The Deployments the surge lets shrink now: their workers drain first. A shrink that waits
     /// for the Deployments taking over is not among them, and its workers keep taking jobs until
     /// their replacements are ready. Empty when the operator does not drain.
-    pub(in crate::controller) shrinks: Vec<Shrink>,
+    pub(crate) shrinks: Vec<Shrink>,
     /// The shrinks that wait for the Deployments taking over: their workers that will stop stand
     /// in for the new ones meanwhile. Empty when the operator does not drain.
-    pub(in crate::controller) stand_ins: Vec<StandIn>,
+    pub(crate) stand_ins: Vec<StandIn>,
     /// What to write before any shrinking Deployment's Pod is asked anything: the step with every
     /// shrink held. `None` when nothing is to shrink (the step goes out in one write).
-    pub(in crate::controller) growth: Option<Replicas>,
+    pub(crate) growth: Option<Replicas>,
     /// While a shrink waits for the surge: the Deployments taking over that are not ready yet,
     /// as (name, ready, target).
-    pub(in crate::controller) not_ready: Vec<(String, i32, i32)>,
+    pub(crate) not_ready: Vec<(String, i32, i32)>,
     /// The Deployments no lane runs any more: (name, what it runs, what this step gives it: 0
     /// once the surge lets it go).
-    pub(in crate::controller) leaving: Vec<(String, i32, i32)>,
+    pub(crate) leaving: Vec<(String, i32, i32)>,
     /// The counts decided, and the rules the step follows: what [`Rollout::settle`] needs.
-    pub(in crate::controller) decided: Replicas,
-    pub(in crate::controller) rules: Rules,
+    pub(crate) decided: Replicas,
+    pub(crate) rules: Rules,
 }
 
 /// The rollout's second half: what goes out now that the drains answered, and the shrinks that
 /// still wait.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Settled {
-    pub(in crate::controller) release: Release,
-    pub(in crate::controller) held: Vec<Held>,
+pub(crate) struct Settled {
+    pub(crate) release: Release,
+    pub(crate) held: Vec<Held>,
 }
 
 /// A shrink that waits: its Deployment, the count it runs and the one decided, what it waits for
 /// and the most it waits (`until`, since the process started).
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Held {
-    pub(in crate::controller) deployment: String,
-    pub(in crate::controller) runs: i32,
-    pub(in crate::controller) to: i32,
-    pub(in crate::controller) waits_for: WaitsFor,
-    pub(in crate::controller) until: Duration,
+pub(crate) struct Held {
+    pub(crate) deployment: String,
+    pub(crate) runs: i32,
+    pub(crate) to: i32,
+    pub(crate) waits_for: WaitsFor,
+    pub(crate) until: Duration,
 }
 
 /// What a waiting shrink waits for.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) enum WaitsFor {
+pub(crate) enum WaitsFor {
     /// The Deployments taking over its capacity to be ready: (name, ready, target) of each one
     /// not ready yet.
     Ready(Vec<(String, i32, i32)>),
@@ -95,16 +95,16 @@ pub(in crate::controller) enum WaitsFor {
 
 /// What goes out once the drains have answered.
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Release {
+pub(crate) struct Release {
     /// The step, with each shrink a drain holds kept at its live count.
-    pub(in crate::controller) replicas: Replicas,
+    pub(crate) replicas: Replicas,
     /// The Deployments that shrink with this write: their Pods are ranked first, and their drains
     /// end with it. Empty when the operator does not rank.
-    pub(in crate::controller) shrinking: Vec<String>,
+    pub(crate) shrinking: Vec<String>,
     /// The Deployments no lane runs that go now: removed, their drains ended.
-    pub(in crate::controller) remove: Vec<String>,
+    pub(crate) remove: Vec<String>,
     /// Those that still wait (for the surge, or their drained workers), running as they are.
-    pub(in crate::controller) staying: Vec<String>,
+    pub(crate) staying: Vec<String>,
 }
 
 /// One Deployment of the pool in a rollout: its name, its role, its counts, and whether a lane
@@ -193,7 +193,7 @@ fn parts(
 /// The way from the `live` Deployments to `decided`. A shrink starts from what this process
 /// applied last (`own`), so a count someone else set is restored at once rather than waited on;
 /// after a restart, from the Deployments. `surge`: how far a waiting shrink's surge has come.
-pub(in crate::controller) fn rollout(
+pub(crate) fn rollout(
     pool: &LanePool,
     live: &BTreeMap<String, Deployment>,
     decided: &Replicas,
@@ -286,7 +286,7 @@ impl Rollout {
     /// each shrinking Deployment may run now; `drains`: where each drain stands): what goes out
     /// now ([`Self::release`]), and what still waits for its drained workers or for the surge,
     /// which waits until `surge_ends` at the latest ([`Self::held`]).
-    pub(in crate::controller) fn settle(
+    pub(crate) fn settle(
         &self,
         pool: &LanePool,
         live: &BTreeMap<String, Deployment>,
@@ -301,7 +301,7 @@ impl Rollout {
 
     /// The shrinks that still wait once `release` goes out, towards `decided`: for their drained
     /// workers (`drains`), or for the surge, which waits until `surge_ends` at the latest.
-    pub(in crate::controller) fn held(
+    pub(crate) fn held(
         &self,
         pool: &LanePool,
         decided: &Replicas,
@@ -356,7 +356,7 @@ impl Rollout {
 
     /// What goes out now that the drains said how far each shrink may go (`floors`: the fewest
     /// workers each shrinking Deployment may run now; one not named may shrink all the way).
-    pub(in crate::controller) fn release(
+    pub(crate) fn release(
         &self,
         pool: &LanePool,
         live: &BTreeMap<String, Deployment>,

@@ -13,6 +13,8 @@ use crate::sizing::{
 };
 
 pub const LANE: &str = "urgent";
+/// The batch lane, which only shared workers serve.
+pub const BATCH_LANE: &str = "batch";
 
 #[derive(Debug)]
 pub struct Control {
@@ -145,7 +147,7 @@ impl Control {
 /// old, 10 s pod start).
 pub fn lanepool_defaults(workers: u32) -> Autoscale {
     let spec: crate::api::LanePoolSpec = serde_json::from_value(serde_json::json!({
-        "lanes": [{"name": LANE, "reserve": {"max": workers.saturating_sub(1).max(1)}}, {"name": "batch"}],
+        "lanes": [{"name": LANE, "reserve": {"max": workers.saturating_sub(1).max(1)}}, {"name": BATCH_LANE}],
         "totalWorkers": workers,
         "template": {},
     }))

@@ -1,18 +1,21 @@
 //! The discrete-event loop: urgent arrivals, job completions, workers starting up and the
-//! operator's evaluations, taken in time order (ties: workers, then the operator, then
-//! arrivals). Workers never preempt; a worker takes the first non-empty lane it prefers.
+//! operator's evaluations and reconciles, taken in time order (ties: workers, then the
+//! operator, then arrivals). Workers never preempt; a worker takes the first non-empty lane it
+//! prefers. The operator's rollout (`rollout.rs`) runs at each evaluation, whenever a new worker
+//! is ready (the Deployment's watch event) and when a drain asks to come back.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::arrivals::Arrivals;
 use super::autoscale::Control;
+use super::autoscale::{BATCH_LANE, LANE};
 use super::observe::Counters;
 use super::outcome::{Outcome, WindowCounts};
-use super::pool::{LaneKind, Lanes, Moved, Pool, State};
+use super::pool::{Deployment, LaneKind, Lanes, Pool, State};
 use super::rng::Pcg32;
+use super::rollout::Operator;
 use super::scenario::{Nanos, Preference, Scenario, seconds};
-use crate::sizing::PoolSize;
 
 /// Runs a scenario to its end.
 pub fn run(scenario: &Scenario) -> Outcome {
@@ -31,6 +34,10 @@ struct Engine<'a> {
     next_arrival: Option<Nanos>,
     control: Option<Control>,
     next_evaluation: Option<Nanos>,
+    /// The operator's rollout, with the control.
+    operator: Option<Operator>,
+    /// When a drain brings the operator back.
+    next_reconcile: Option<Nanos>,
     observed: Counters,
     outcome: Outcome,
 }
@@ -51,15 +58,29 @@ impl<'a> Engine<'a> {
                 (scenario.backlog > 0).then(|| seconds(low / 2 + high / 2)),
             )
         });
-        let reserved = control
+        let reserved_workers = control
             .as_ref()
             .map_or(scenario.reserved, |c| c.reserve.max(0) as u32);
+        let reserved = reserved_workers;
         let unreserved = match (&control, scenario.arrangement.reserves()) {
             (Some(c), _) => c.shared.max(0) as u32,
             (None, true) => scenario.workers.saturating_sub(reserved),
             (None, false) => scenario.workers,
         };
         let next_evaluation = control.as_ref().map(|c| c.config.interval);
+        let (low, high) = scenario.batch_job;
+        let job_seconds = BTreeMap::from([
+            (LANE.to_string(), seconds(scenario.urgent_job)),
+            (BATCH_LANE.to_string(), seconds(low / 2 + high / 2)),
+        ]);
+        let operator = control.as_ref().map(|c| {
+            Operator::new(
+                (c.reserve.max(0), c.shared.max(0)),
+                scenario.arrangement.unreserved_role(),
+                c.config.stand_ins,
+                job_seconds,
+            )
+        });
         let mut engine = Self {
             scenario,
             pool: Pool::default(),
@@ -78,6 +99,8 @@ impl<'a> Engine<'a> {
             next_arrival: None,
             control,
             next_evaluation,
+            operator,
+            next_reconcile: None,
             observed: Counters::default(),
             outcome: Outcome {
                 duration: scenario.duration,
@@ -88,11 +111,12 @@ impl<'a> Engine<'a> {
                 ..Outcome::default()
             },
         };
-        let roles = std::iter::repeat_n(Preference::UrgentOnly, reserved as usize).chain(
-            std::iter::repeat_n(scenario.arrangement.unreserved_role(), unreserved as usize),
-        );
-        for role in roles {
-            let id = engine.pool.add(role, State::Starting);
+        let reserved = (Deployment::Reserved, Preference::UrgentOnly);
+        let shared = (Deployment::Shared, scenario.arrangement.unreserved_role());
+        let workers = std::iter::repeat_n(reserved, reserved_workers as usize)
+            .chain(std::iter::repeat_n(shared, unreserved as usize));
+        for (deployment, role) in workers {
+            let id = engine.pool.add(deployment, role, State::Starting);
             engine.take_work(id, 0);
         }
         engine.next_arrival = engine.draw_arrival();
@@ -123,8 +147,14 @@ impl<'a> Engine<'a> {
             let evaluation = self
                 .next_evaluation
                 .filter(|at| *at < self.scenario.duration);
+            let reconcile = self
+                .next_reconcile
+                .filter(|at| *at < self.scenario.duration);
             let arrival = self.next_arrival;
-            let first = [worker, evaluation, arrival].into_iter().flatten().min();
+            let first = [worker, evaluation, reconcile, arrival]
+                .into_iter()
+                .flatten()
+                .min();
             match first {
                 Some(at)
                     if worker == Some(at) && at <= self.scenario.duration + self.scenario.drain =>
@@ -134,6 +164,7 @@ impl<'a> Engine<'a> {
                     }
                 }
                 Some(at) if evaluation == Some(at) => self.evaluate(at),
+                Some(at) if reconcile == Some(at) => self.reconcile(at),
                 Some(at) if arrival == Some(at) => self.arrive(at),
                 _ => break,
             }
@@ -153,8 +184,11 @@ impl<'a> Engine<'a> {
     }
 
     fn worker_event(&mut self, id: usize, at: Nanos) {
-        match self.pool.workers[id].state {
-            State::Busy { lane, submitted } => {
+        let state = self.pool.workers[id].state;
+        match state {
+            State::Busy {
+                lane, submitted, ..
+            } => {
                 if lane == LaneKind::Urgent {
                     self.pool.workers[id].unread_urgent += 1;
                 }
@@ -170,8 +204,11 @@ impl<'a> Engine<'a> {
             }
             State::HandingOff => self.take_work(id, at),
             State::Starting => {
-                self.pool.replace(id);
-                self.take_work(id, at)
+                self.take_work(id, at);
+                // The Deployment's readiness changed: the operator's watch wakes it.
+                if self.operator.is_some() {
+                    self.reconcile(at);
+                }
             }
             // A departed worker's start-up that no longer matters.
             State::Idle | State::Gone => {}
@@ -193,6 +230,9 @@ impl<'a> Engine<'a> {
     }
 
     fn take_work(&mut self, id: usize, at: Nanos) {
+        if self.pool.draining(id, at) {
+            return self.pool.set_idle(id);
+        }
         let role = self.pool.workers[id].role;
         match self.lanes.take(role) {
             Some((lane, submitted)) => {
@@ -203,7 +243,11 @@ impl<'a> Engine<'a> {
                         self.batch_times.between(low, high)
                     }
                 };
-                self.pool.workers[id].state = State::Busy { lane, submitted };
+                self.pool.workers[id].state = State::Busy {
+                    lane,
+                    submitted,
+                    started: at,
+                };
                 self.schedule(at + job, id);
             }
             None => self.pool.set_idle(id),
@@ -226,43 +270,25 @@ impl<'a> Engine<'a> {
         let reserve = control
             .evaluate(at, &self.observed, read, seconds(self.scenario.urgent_job))
             .max(0);
-        let size = control.config.sizing.size;
+        let shared = control.shared.max(0);
         self.next_evaluation = Some(at + control.config.interval);
-        if reserve == before {
-            return;
+        if reserve != before {
+            self.outcome.reserve_steps.push((at, reserve as u32));
         }
-        self.outcome.reserve_steps.push((at, reserve as u32));
-        let reserve = reserve as usize;
-        let current = self.pool.target(Preference::UrgentOnly);
-        let unreserved = self.scenario.arrangement.unreserved_role();
-        // Only a growing reserve has stand-ins: a reserved worker standing in for a shared one
-        // would take a batch job it cannot give back should the reserve grow again.
-        let stand_in = control.config.stand_ins;
-        let moved = match size {
-            PoolSize::Budget { .. } if reserve > current => self.pool.surge(
-                unreserved,
-                Preference::UrgentOnly,
-                reserve - current,
-                stand_in,
-            ),
-            PoolSize::Budget { .. } => {
-                self.pool
-                    .surge(Preference::UrgentOnly, unreserved, current - reserve, false)
-            }
-            PoolSize::Shared { .. } if reserve > current => {
-                let kept = self.pool.keep(Preference::UrgentOnly, reserve - current);
-                Moved {
-                    starting: (kept..reserve - current)
-                        .map(|_| self.pool.add(Preference::UrgentOnly, State::Starting))
-                        .collect(),
-                    woken: Vec::new(),
-                }
-            }
-            PoolSize::Shared { .. } => {
-                self.pool.remove(Preference::UrgentOnly, current - reserve);
-                Moved::default()
-            }
+        if let Some(operator) = self.operator.as_mut() {
+            operator.decide(reserve, shared);
+        }
+        self.reconcile(at);
+    }
+
+    /// One reconcile of the operator's rollout: the workers it starts start up, those it woke
+    /// look for work.
+    fn reconcile(&mut self, at: Nanos) {
+        let Some(operator) = self.operator.as_mut() else {
+            return;
         };
+        let (moved, again) = operator.reconcile(&mut self.pool, at);
+        self.next_reconcile = again;
         let ready = at + self.pod_start();
         for id in moved.starting {
             self.schedule(ready, id);

@@ -11,6 +11,7 @@ pub mod outcome;
 pub mod pool;
 pub mod profile;
 pub mod rng;
+mod rollout;
 pub mod scenario;
 
 pub use events::run;

@@ -1,17 +1,15 @@
-//! The workers and the two lanes: who is idle, who is busy with what, and how workers move
-//! between roles or leave, by the operator's own rollout (`controller::rollout`): new workers
-//! start at once; the workers of the role they take over from leave only once every new one is
-//! ready (`surge::step`), chosen as the operator's drain chooses them (`drain::choose`: its
-//! stand-ins first, then idle workers), and finish their jobs first; meanwhile the workers that
-//! will leave stand in for the new ones, chosen the same way. No clock of its own: the engine
-//! tells it the time and schedules what it returns.
+//! The workers and the two lanes: who is idle, who is busy with what, which Deployment each
+//! worker belongs to, and which lanes it serves. How workers come and go is the operator's own
+//! rollout (`rollout.rs` runs it); this module is what it acts on: Deployments that start new
+//! workers and whose ReplicaSet deletes the cheapest ones, and workers that answer the
+//! operator's `POST /stand-in` and `POST /drain` as the lane workers do. No clock of its own: the
+//! engine tells it the time and schedules what it returns.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::scenario::{Nanos, Preference};
+use super::scenario::{Nanos, Preference, seconds};
+use crate::controller::rollout::cost::{DRAINED_COST, Work, cost};
 use crate::controller::rollout::drain::{Candidate, choose};
-use crate::controller::rollout::surge::{self, Counts};
-use crate::controller::{BUSY_COST, DEFAULT_SURGE_TIMEOUT, IDLE_COST};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaneKind {
@@ -25,8 +23,10 @@ pub enum State {
     Busy {
         lane: LaneKind,
         submitted: Nanos,
+        /// When the job started.
+        started: Nanos,
     },
-    /// Between a role change (or a new pod) and taking work.
+    /// Between a new Pod's creation and its taking work.
     Starting,
     /// Between finishing a job and asking for the next (reporting it done, then a take): the
     /// queue's hand-off, during which the worker takes nothing.
@@ -34,27 +34,34 @@ pub enum State {
     Gone,
 }
 
+/// The pool's two Deployments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Deployment {
+    Reserved,
+    Shared,
+}
+
 #[derive(Clone, Debug)]
 pub struct Worker {
+    pub deployment: Deployment,
+    /// The lanes it takes jobs from: its Deployment's, or the reserve's while it stands in.
     pub role: Preference,
-    /// Leave once the current job is done (a reserved pod scaled away).
+    /// The lanes its Deployment gives it.
+    pub own: Preference,
+    /// Asked to drain: it takes no new job until it is told otherwise or `drain_lapse` passes.
+    pub draining: bool,
+    pub drain_lapse: Nanos,
+    /// Deleted while busy: it leaves once its job is done (its SIGTERM waits for the job).
     pub leaving: bool,
-    /// A new worker that, once ready, takes the place of one worker of this role (a surge).
-    pub replaces: Option<Preference>,
-    /// The worker of the replaced role standing in for this starting one: it leaves when this
-    /// one is ready.
-    pub stood_in_by: Option<usize>,
-    /// Serves `role`, not its own, until the worker it stands in for is ready; then leaves.
-    pub standing_in: bool,
     pub state: State,
     /// Urgent jobs finished since the operator last read this worker's count.
     pub unread_urgent: u32,
 }
 
 impl Worker {
-    /// The role of a worker that is staying.
-    pub fn committed(&self) -> Option<Preference> {
-        (self.state != State::Gone && !self.leaving).then_some(self.role)
+    /// Whether its Pod is still one of its Deployment's (not deleted, not gone).
+    pub fn counted(&self) -> bool {
+        self.state != State::Gone && !self.leaving
     }
 }
 
@@ -85,38 +92,52 @@ impl Lanes {
     }
 }
 
-/// What a surge set moving: the workers that start up, and the idle ones whose role changed
-/// (they look for work in their new role at once).
+/// What a step of the rollout set moving: the workers that start up, and the idle ones whose
+/// lanes changed or that may take jobs again (they look for work at once).
 #[derive(Debug, Default)]
 pub struct Moved {
     pub starting: Vec<usize>,
     pub woken: Vec<usize>,
 }
 
+/// The Pods' deletion costs when a ReplicaSet deletes some: -1 for those `marked` (drained and
+/// idle), the others' as the operator ranks them just before the shrink (idle first, then the
+/// job nearest its end, from the lanes' mean job times `ranked`), or none without ranking.
+#[derive(Clone, Copy, Debug)]
+pub struct Costs<'a> {
+    pub ranked: Option<&'a BTreeMap<String, f64>>,
+    pub marked: &'a BTreeSet<String>,
+    pub now: Nanos,
+}
+
 #[derive(Debug, Default)]
 pub struct Pool {
     pub workers: Vec<Worker>,
-    /// Idle workers by role; the most recently idle is woken first.
+    /// Idle workers that take jobs, by role; the most recently idle is woken first.
     idle: [Vec<usize>; Preference::COUNT],
 }
 
 impl Pool {
-    pub fn add(&mut self, role: Preference, state: State) -> usize {
+    pub fn add(&mut self, deployment: Deployment, role: Preference, state: State) -> usize {
         self.workers.push(Worker {
+            deployment,
             role,
+            own: role,
+            draining: false,
+            drain_lapse: 0,
             leaving: false,
-            replaces: None,
-            stood_in_by: None,
-            standing_in: false,
             state,
             unread_urgent: 0,
         });
         self.workers.len() - 1
     }
 
+    /// `worker` has no job: it waits for one, unless it drains.
     pub fn set_idle(&mut self, worker: usize) {
         self.workers[worker].state = State::Idle;
-        self.idle[self.workers[worker].role.index()].push(worker);
+        if !self.workers[worker].draining {
+            self.idle[self.workers[worker].role.index()].push(worker);
+        }
     }
 
     /// An idle worker that takes urgent jobs, reserved ones first.
@@ -137,204 +158,181 @@ impl Pool {
         }
     }
 
-    /// Workers committed to `role`.
-    pub fn count(&self, role: Preference) -> usize {
-        self.workers
-            .iter()
-            .filter(|w| w.committed() == Some(role))
-            .count()
-    }
-
-    /// Workers committed to `role` once every surge under way is over: those standing in, and
-    /// those a starting worker replaces without a stand-in, are not counted.
-    pub fn target(&self, role: Preference) -> usize {
-        let standing_in = self
-            .workers
-            .iter()
-            .filter(|w| w.committed() == Some(role) && w.standing_in)
-            .count();
-        let replaced = self
-            .workers
-            .iter()
-            .filter(|w| {
-                w.committed().is_some() && w.replaces == Some(role) && w.stood_in_by.is_none()
-            })
-            .count();
-        self.count(role).saturating_sub(standing_in + replaced)
-    }
-
-    /// Moves `how_many` workers from `from` to `to` without ever lowering either role's capacity
-    /// first (a surge): a surge under way the other way is cancelled (its stand-ins go back to
-    /// their own role), otherwise a new `to` worker starts, and one `from` worker leaves only
-    /// when it is ready. With `stand_in`, that `from` worker serves as a `to` worker meanwhile
-    /// (idle ones first): the operator's `POST /stand-in`.
-    pub fn surge(
-        &mut self,
-        from: Preference,
-        to: Preference,
-        how_many: usize,
-        stand_in: bool,
-    ) -> Moved {
-        let mut moved = Moved::default();
-        let mut left = how_many;
-        for id in (0..self.workers.len()).rev() {
-            let w = &self.workers[id];
-            if left > 0
-                && w.state == State::Starting
-                && w.committed() == Some(from)
-                && w.replaces == Some(to)
-            {
-                self.workers[id].state = State::Gone;
-                if let Some(stand_in) = self.workers[id].stood_in_by.take()
-                    && self.workers[stand_in].committed().is_some()
-                {
-                    self.workers[stand_in].standing_in = false;
-                    self.change_role(stand_in, to, &mut moved.woken);
-                }
-                left -= 1;
-            }
-        }
-        // The workers that will leave stand in for the new ones, chosen as the drain will choose
-        // them once the new ones are ready.
-        let stand_ins = match stand_in {
-            true => self.chosen(from, left, |w| w.state != State::Starting && !w.standing_in),
-            false => Vec::new(),
-        };
-        for i in 0..left {
-            let id = self.add(to, State::Starting);
-            self.workers[id].replaces = Some(from);
-            moved.starting.push(id);
-            if let Some(&stand_in) = stand_ins.get(i) {
-                self.workers[stand_in].standing_in = true;
-                self.workers[id].stood_in_by = Some(stand_in);
-                self.change_role(stand_in, to, &mut moved.woken);
-            }
-        }
-        // A surge the other way called off: what it started and what is ready may settle now.
-        self.settle(to);
-        moved
-    }
-
-    /// The `k` workers of `role` (among those `eligible`) the operator's drain would choose: not
-    /// ready first, then those standing in, then idle, handing off, busy; the newest first among
-    /// equals.
-    fn chosen(&self, role: Preference, k: usize, eligible: impl Fn(&Worker) -> bool) -> Vec<usize> {
-        // The workers standing in for a surge away from `role`: they are its workers still.
-        let standing_in: Vec<usize> = self
-            .workers
-            .iter()
-            .filter(|w| w.committed().is_some() && w.replaces == Some(role))
-            .filter_map(|w| w.stood_in_by)
-            .collect();
-        let candidates: Vec<Candidate> = (0..self.workers.len())
+    /// The workers of `deployment`'s Pods, oldest first.
+    pub fn pods(&self, deployment: Deployment) -> Vec<usize> {
+        (0..self.workers.len())
             .filter(|&id| {
                 let w = &self.workers[id];
-                let of_role = w.committed() == Some(role) && !w.standing_in;
-                let stood_in =
-                    w.committed().is_some() && w.standing_in && standing_in.contains(&id);
-                (of_role || stood_in) && eligible(w)
+                w.deployment == deployment && w.counted()
             })
-            .map(|id| {
-                let w = &self.workers[id];
-                Candidate {
-                    name: candidate_name(id),
-                    ready: w.state != State::Starting,
-                    cost: match w.state {
-                        State::Idle => IDLE_COST,
-                        State::HandingOff => IDLE_COST + 1,
-                        _ => BUSY_COST,
-                    },
-                    draining: w.standing_in,
-                }
-            })
-            .collect();
-        choose(&candidates, k)
-            .iter()
-            .map(|name| candidate_id(name))
             .collect()
     }
 
-    /// Once every new worker taking over from `replaced` is ready (`surge::step`, the operator's
-    /// own wait), as many workers of `replaced` leave, chosen as the drain chooses them: those
-    /// standing in first. Until then every worker of `replaced` stays.
-    fn settle(&mut self, replaced: Preference) {
-        let group: Vec<usize> = (0..self.workers.len())
-            .filter(|&id| {
-                let w = &self.workers[id];
-                w.committed().is_some() && w.replaces == Some(replaced)
+    /// How many of `deployment`'s Pods are ready.
+    pub fn ready(&self, deployment: Deployment) -> usize {
+        self.pods(deployment)
+            .into_iter()
+            .filter(|&id| self.workers[id].state != State::Starting)
+            .count()
+    }
+
+    /// What `worker` is doing, as its gauges say.
+    pub fn work(&self, worker: usize) -> Work {
+        match self.workers[worker].state {
+            State::Busy { lane, started, .. } => Work::Busy {
+                lane: Some(lane_name(lane).to_string()),
+                started: Some(seconds(started)),
+            },
+            _ => Work::Idle,
+        }
+    }
+
+    /// `deployment`'s workers as a drain or the stand-ins choose among them: ready or not, and
+    /// their idle-first cost at `now` from the lanes' `job_seconds`, as the operator reads them;
+    /// `chosen` names those already chosen.
+    pub fn candidates(
+        &self,
+        deployment: Deployment,
+        job_seconds: &BTreeMap<String, f64>,
+        now: Nanos,
+        chosen: impl Fn(&str) -> bool,
+    ) -> Vec<Candidate> {
+        self.pods(deployment)
+            .into_iter()
+            .map(|id| {
+                let name = name(id);
+                Candidate {
+                    ready: self.workers[id].state != State::Starting,
+                    cost: cost(Some(&self.work(id)), job_seconds, seconds(now)),
+                    draining: chosen(&name),
+                    name,
+                }
+            })
+            .collect()
+    }
+
+    /// Sets `deployment` to `count` Pods: new ones start (`role` their lanes); or its ReplicaSet
+    /// deletes the surplus in its own order (not ready first, then the lowest deletion cost as
+    /// `costs` has them, the newest first among equals).
+    pub fn scale(
+        &mut self,
+        (deployment, role, count): (Deployment, Preference, usize),
+        costs: &Costs<'_>,
+        moved: &mut Moved,
+    ) {
+        let Costs {
+            ranked,
+            marked,
+            now,
+        } = *costs;
+        let pods = self.pods(deployment);
+        if count > pods.len() {
+            for _ in pods.len()..count {
+                moved
+                    .starting
+                    .push(self.add(deployment, role, State::Starting));
+            }
+            return;
+        }
+        let candidates: Vec<Candidate> = pods
+            .into_iter()
+            .map(|id| {
+                let name = name(id);
+                let cost = match (marked.contains(&name), ranked) {
+                    (true, _) => DRAINED_COST,
+                    (false, Some(job_seconds)) => {
+                        cost(Some(&self.work(id)), job_seconds, seconds(now))
+                    }
+                    (false, None) => 0,
+                };
+                Candidate {
+                    ready: self.workers[id].state != State::Starting,
+                    cost,
+                    draining: false,
+                    name,
+                }
             })
             .collect();
-        let Some(&first) = group.first() else {
-            return;
-        };
-        let to = self.workers[first].role;
-        let stand_ins = group
-            .iter()
-            .filter(|&&id| {
-                self.workers[id]
-                    .stood_in_by
-                    .is_some_and(|s| self.workers[s].committed().is_some())
-            })
-            .count();
-        let starting = group
-            .iter()
-            .filter(|&&id| self.workers[id].state == State::Starting)
-            .count();
-        let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-        let taking_over = count(self.count(to).saturating_sub(stand_ins));
-        let leaving_from = count(self.count(replaced) + stand_ins);
-        let deployments = [
-            Counts {
-                target: taking_over,
-                live: Some(taking_over),
-                ready: taking_over - count(starting),
-                takes_over: true,
-            },
-            Counts {
-                target: leaving_from - count(group.len()),
-                live: Some(leaving_from),
-                ready: leaving_from,
-                takes_over: false,
-            },
-        ];
-        // The simulated pods always start: the surge's timeout (for pods that never do) is not
-        // modelled, and a shrink waits for every new worker.
-        if surge::step(&deployments, None, DEFAULT_SURGE_TIMEOUT).waiting {
-            return;
-        }
-        let leaving = self.chosen(replaced, group.len(), |w| w.state != State::Gone);
-        for &id in &group {
-            self.workers[id].replaces = None;
-            self.workers[id].stood_in_by = None;
-        }
-        for id in leaving {
-            self.workers[id].standing_in = false;
-            self.retire(id);
+        let surplus = candidates.len() - count;
+        for name in choose(&candidates, surplus) {
+            self.retire(id(&name));
         }
     }
 
-    /// Gives `worker` another role; an idle one is to look for work again (`woken`).
-    fn change_role(&mut self, worker: usize, role: Preference, woken: &mut Vec<usize>) {
-        if self.workers[worker].state == State::Idle {
+    /// `worker` serves `role`'s lanes from now (a stand-in, or back to its own); an idle one is
+    /// to look for work in them (`woken`).
+    pub fn serve(&mut self, worker: usize, role: Preference, moved: &mut Moved) {
+        if self.workers[worker].role == role || !self.workers[worker].counted() {
+            return;
+        }
+        let waiting = self.waiting(worker);
+        if waiting {
             self.leave_idle(worker);
-            self.workers[worker].state = State::HandingOff;
-            woken.push(worker);
         }
         self.workers[worker].role = role;
+        if waiting {
+            self.wake(worker, moved);
+        }
     }
 
-    /// A starting worker is ready: once every worker of its surge is, the workers they take
-    /// over from leave (see [`Self::settle`]).
-    pub fn replace(&mut self, starting: usize) {
-        let Some(replaced) = self.workers[starting].replaces else {
+    /// `worker` drains for `seconds` (takes no new job; a drain ends a stand-in), or takes jobs
+    /// again (`0`); an idle one that may take jobs again is to look for work (`woken`).
+    pub fn drain(&mut self, worker: usize, seconds: u64, at: Nanos, moved: &mut Moved) {
+        if !self.workers[worker].counted() {
             return;
-        };
-        // It counts as ready from now: the engine gives it work next.
-        self.workers[starting].state = State::HandingOff;
-        self.settle(replaced);
+        }
+        if self.waiting(worker) {
+            self.leave_idle(worker);
+        }
+        let w = &mut self.workers[worker];
+        w.draining = seconds > 0;
+        if w.draining {
+            w.role = w.own;
+            w.drain_lapse = at.saturating_add(seconds.saturating_mul(1_000_000_000));
+        } else if w.state == State::Idle {
+            self.wake(worker, moved);
+        }
     }
 
-    /// `worker` leaves: at once when it holds no job, after its job otherwise.
+    /// The drained workers whose drain lapsed by `at` (the worker's own timer, for a drain the
+    /// operator no longer asks for) take jobs again: the idle ones are to look for work.
+    pub fn lapse(&mut self, at: Nanos, moved: &mut Moved) {
+        for worker in 0..self.workers.len() {
+            let w = &self.workers[worker];
+            if w.counted() && w.draining && at >= w.drain_lapse && w.state == State::Idle {
+                self.workers[worker].draining = false;
+                self.wake(worker, moved);
+            }
+        }
+    }
+
+    /// Whether `worker` drains at `at`: a drain past its lapse is over (the worker's own timer).
+    pub fn draining(&mut self, worker: usize, at: Nanos) -> bool {
+        let w = &mut self.workers[worker];
+        if w.draining && at >= w.drain_lapse {
+            w.draining = false;
+        }
+        w.draining
+    }
+
+    /// Whether `worker` is idle and waiting for a job (listed as idle).
+    fn waiting(&self, worker: usize) -> bool {
+        self.workers[worker].state == State::Idle && !self.workers[worker].draining
+    }
+
+    /// An idle `worker` is to look for work now: the engine gives it a job or lists it idle.
+    fn wake(&mut self, worker: usize, moved: &mut Moved) {
+        self.workers[worker].state = State::HandingOff;
+        moved.woken.push(worker);
+    }
+
+    /// Whether `worker` is busy with a job, as its `lanepool_worker_busy` says.
+    pub fn busy(&self, worker: usize) -> bool {
+        matches!(self.workers[worker].state, State::Busy { .. })
+    }
+
+    /// `worker`'s Pod is deleted: it leaves at once when it holds no job, after its job
+    /// otherwise.
     fn retire(&mut self, worker: usize) {
         match self.workers[worker].state {
             State::Busy { .. } => self.workers[worker].leaving = true,
@@ -343,15 +341,6 @@ impl Pool {
                 self.workers[worker].state = State::Gone;
             }
             _ => self.workers[worker].state = State::Gone,
-        }
-    }
-
-    /// Removes up to `how_many` workers of `role`, chosen as the operator's drain chooses them
-    /// (starting ones, then idle, then busy): idle and starting ones at once, busy ones after their
-    /// job.
-    pub fn remove(&mut self, role: Preference, how_many: usize) {
-        for id in self.chosen(role, how_many, |_| true) {
-            self.retire(id);
         }
     }
 
@@ -370,29 +359,24 @@ impl Pool {
             })
             .sum()
     }
+}
 
-    /// Cancels up to `how_many` pending departures of `role`; returns how many were cancelled.
-    pub fn keep(&mut self, role: Preference, how_many: usize) -> usize {
-        let mut kept = 0;
-        for w in self.workers.iter_mut().rev() {
-            if kept == how_many {
-                break;
-            }
-            if w.leaving && w.state != State::Gone && w.role == role {
-                w.leaving = false;
-                kept += 1;
-            }
-        }
-        kept
+/// The lane a job came from, by the name the operator knows it by.
+pub fn lane_name(lane: LaneKind) -> &'static str {
+    match lane {
+        LaneKind::Urgent => super::autoscale::LANE,
+        LaneKind::Batch => super::autoscale::BATCH_LANE,
     }
 }
 
-/// A worker's name among the drain's candidates: the newest sorts first among equals.
-fn candidate_name(id: usize) -> String {
+/// A worker's Pod name: the newest sorts first among equals, as the ReplicaSet deletes the
+/// newest first.
+pub fn name(id: usize) -> String {
     format!("{:020}", u64::MAX - id as u64)
 }
 
-fn candidate_id(name: &str) -> usize {
+/// The worker of a Pod name.
+pub fn id(name: &str) -> usize {
     name.parse::<u64>().map_or(usize::MAX, |n| {
         usize::try_from(u64::MAX - n).unwrap_or(usize::MAX)
     })
@@ -405,139 +389,126 @@ mod tests {
     fn pool(reserved: usize, shared: usize) -> Pool {
         let mut pool = Pool::default();
         for _ in 0..reserved {
-            pool.add(Preference::UrgentOnly, State::Idle);
+            let id = pool.add(
+                Deployment::Reserved,
+                Preference::UrgentOnly,
+                State::Starting,
+            );
+            pool.set_idle(id);
         }
         for _ in 0..shared {
-            pool.add(Preference::UrgentFirst, State::Idle);
+            let id = pool.add(Deployment::Shared, Preference::UrgentFirst, State::Starting);
+            pool.set_idle(id);
         }
         pool
     }
 
-    #[test]
-    fn a_surge_keeps_the_replaced_workers_until_the_new_ones_are_ready() {
-        let mut pool = pool(1, 9);
-        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, false);
-        assert_eq!(moved.starting.len(), 2);
-        // Nobody has left yet: 9 shared workers still take jobs.
-        assert_eq!(pool.count(Preference::UrgentFirst), 9);
-        assert_eq!(pool.target(Preference::UrgentFirst), 7);
-        assert_eq!(pool.target(Preference::UrgentOnly), 3);
+    fn busy(pool: &mut Pool, id: usize, started: Nanos) {
+        pool.leave_idle(id);
+        pool.workers[id].state = State::Busy {
+            lane: LaneKind::Batch,
+            submitted: 0,
+            started,
+        };
+    }
+
+    fn job_seconds() -> BTreeMap<String, f64> {
+        BTreeMap::from([("urgent".into(), 0.02), ("batch".into(), 3.0)])
     }
 
     #[test]
-    fn a_surge_the_other_way_cancels_one_under_way() {
-        let mut pool = pool(1, 9);
-        pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, false);
-        let moved = pool.surge(Preference::UrgentOnly, Preference::UrgentFirst, 1, false);
-        assert!(moved.starting.is_empty());
-        assert_eq!(pool.target(Preference::UrgentOnly), 2);
-        assert_eq!(pool.target(Preference::UrgentFirst), 8);
-        assert_eq!(pool.count(Preference::UrgentFirst), 9);
+    fn a_shrink_deletes_marked_workers_first_then_idle_then_the_job_nearest_its_end() {
+        let mut pool = pool(0, 5);
+        busy(&mut pool, 0, 0);
+        busy(&mut pool, 1, 2_000_000_000);
+        busy(&mut pool, 4, 0);
+        let marked = BTreeSet::from([name(4)]);
+        let mut moved = Moved::default();
+        let job_seconds = job_seconds();
+        let costs = Costs {
+            ranked: Some(&job_seconds),
+            marked: &marked,
+            now: 2_500_000_000,
+        };
+        let shared = |count| (Deployment::Shared, Preference::UrgentFirst, count);
+        pool.scale(shared(3), &costs, &mut moved);
+        // The marked worker (its job done as far as the marks know) and the idle one nearest
+        // the end of the list (the newest) go.
+        assert!(pool.workers[4].leaving, "marked");
+        assert_eq!(pool.workers[3].state, State::Gone, "idle, newest");
+        assert_eq!(pool.pods(Deployment::Shared), vec![0, 1, 2]);
+        pool.scale(shared(1), &costs, &mut moved);
+        // Then the idle one, then the job 0.5 s from its end before the one 2 s from it.
+        assert_eq!(pool.workers[2].state, State::Gone);
+        assert!(pool.workers[0].leaving && !pool.workers[1].leaving);
     }
 
     #[test]
-    fn stand_ins_serve_the_new_role_until_their_replacements_are_ready() {
-        let mut pool = pool(1, 9);
-        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, true);
-        assert_eq!(moved.starting.len(), 2);
-        // Two idle shared workers take only the urgent lane at once, and look for work in it.
-        assert_eq!(moved.woken.len(), 2);
-        assert_eq!(pool.count(Preference::UrgentFirst), 7);
-        assert_eq!(pool.count(Preference::UrgentOnly), 1 + 2 + 2);
-        // Once the surge is over: 3 reserved, 7 shared, the stand-ins gone.
-        assert_eq!(pool.target(Preference::UrgentOnly), 3);
-        assert_eq!(pool.target(Preference::UrgentFirst), 7);
-        for id in moved.starting {
-            pool.workers[id].state = State::Idle;
-            pool.replace(id);
-        }
-        assert_eq!(pool.count(Preference::UrgentOnly), 3);
-        assert_eq!(pool.count(Preference::UrgentFirst), 7);
+    fn a_growing_deployment_starts_workers_in_its_role() {
+        let mut pool = pool(1, 2);
+        let mut moved = Moved::default();
+        let none = BTreeSet::new();
+        let costs = Costs {
+            ranked: None,
+            marked: &none,
+            now: 0,
+        };
+        let urgent = Preference::UrgentOnly;
+        pool.scale((Deployment::Reserved, urgent, 3), &costs, &mut moved);
+        assert_eq!(moved.starting, vec![3, 4]);
+        assert_eq!(pool.ready(Deployment::Reserved), 1);
+        assert_eq!(pool.pods(Deployment::Reserved).len(), 3);
         assert!(
-            pool.workers
+            moved
+                .starting
                 .iter()
-                .all(|w| !w.standing_in || w.state == State::Gone)
+                .all(|id| pool.workers[*id].role == urgent)
         );
     }
 
     #[test]
-    fn a_surge_called_off_sends_its_stand_ins_back_to_their_role() {
-        let mut pool = pool(1, 9);
-        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, true);
-        // No urgent job waits: the stand-ins go idle in their new role.
-        for id in &moved.woken {
-            pool.set_idle(*id);
-        }
-        let back = pool.surge(Preference::UrgentOnly, Preference::UrgentFirst, 2, true);
-        assert!(back.starting.is_empty());
-        let (mut woken, mut stood_in) = (back.woken, moved.woken);
-        woken.sort();
-        stood_in.sort();
-        assert_eq!(woken, stood_in);
-        assert_eq!(pool.count(Preference::UrgentOnly), 1);
-        assert_eq!(pool.count(Preference::UrgentFirst), 9);
-        assert_eq!(pool.target(Preference::UrgentFirst), 9);
-        assert!(pool.workers.iter().all(|w| !w.standing_in));
+    fn a_draining_worker_takes_no_job_and_one_called_back_looks_for_work() {
+        let mut pool = pool(0, 2);
+        let mut moved = Moved::default();
+        pool.drain(1, 5, 0, &mut moved);
+        assert_eq!(
+            pool.wake_for_urgent(),
+            Some(0),
+            "only the worker not draining"
+        );
+        assert_eq!(pool.wake_for_urgent(), None);
+        assert!(pool.draining(1, 4_999_999_999));
+        pool.set_idle(0);
+        pool.drain(1, 0, 1, &mut moved);
+        assert_eq!(moved.woken, vec![1]);
+        assert_eq!(pool.workers[1].state, State::HandingOff, "to look for work");
+        pool.drain(1, 5, 2, &mut moved);
+        pool.set_idle(1);
+        pool.lapse(5_000_000_001, &mut moved);
+        assert!(pool.workers[1].draining, "not yet");
+        pool.lapse(5_000_000_002, &mut moved);
+        assert!(!pool.workers[1].draining, "the drain lapsed");
+        assert_eq!(moved.woken, vec![1, 1]);
     }
 
     #[test]
-    fn a_busy_worker_stands_in_only_when_no_idle_one_can() {
-        let mut pool = pool(1, 3);
-        let busy = State::Busy {
-            lane: LaneKind::Batch,
-            submitted: 0,
-        };
-        for id in [1, 2] {
-            pool.leave_idle(id);
-            pool.workers[id].state = busy;
-        }
-        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, true);
-        // The idle shared worker is woken in its new role; the busy one finishes its job first.
-        assert_eq!(moved.woken, vec![3]);
-        assert!(pool.workers[3].standing_in);
-        assert!(pool.workers[2].standing_in && pool.workers[2].state == busy);
-        assert!(!pool.workers[1].standing_in);
+    fn a_stand_in_serves_the_reserve_and_goes_back() {
+        let mut pool = pool(0, 1);
+        let mut moved = Moved::default();
+        pool.serve(0, Preference::UrgentOnly, &mut moved);
+        assert_eq!(pool.workers[0].role, Preference::UrgentOnly);
+        pool.set_idle(0);
+        assert_eq!(pool.wake_for_urgent(), Some(0));
+        pool.set_idle(0);
+        pool.serve(0, Preference::UrgentFirst, &mut moved);
+        assert_eq!(moved.woken, vec![0, 0]);
+        assert_eq!(pool.workers[0].deployment, Deployment::Shared);
     }
 
     #[test]
-    fn the_replaced_workers_leave_only_once_every_new_worker_of_the_surge_is_ready() {
-        let mut pool = pool(1, 9);
-        let first = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 2, false);
-        // A second decision grows the reserve again while the first two start.
-        let second = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 1, false);
-        for id in first.starting {
-            pool.replace(id);
-            pool.set_idle(id);
-        }
-        // As the operator's surge waits for the whole growing Deployment: nobody leaves yet (the
-        // third new worker still starts).
-        assert_eq!(pool.count(Preference::UrgentFirst), 9);
-        assert_eq!(pool.count(Preference::UrgentOnly), 4);
-        for id in second.starting {
-            pool.replace(id);
-            pool.set_idle(id);
-        }
-        assert_eq!(pool.count(Preference::UrgentFirst), 6);
-        assert_eq!(pool.count(Preference::UrgentOnly), 4);
-    }
-
-    #[test]
-    fn the_workers_that_leave_are_the_drains_pick_idle_before_busy() {
-        let mut pool = pool(0, 4);
-        let busy = State::Busy {
-            lane: LaneKind::Batch,
-            submitted: 0,
-        };
-        for id in [0, 1, 3] {
-            pool.leave_idle(id);
-            pool.workers[id].state = busy;
-        }
-        let moved = pool.surge(Preference::UrgentFirst, Preference::UrgentOnly, 1, false);
-        for id in moved.starting {
-            pool.replace(id);
-        }
-        // The idle worker goes at once; the busy ones keep their jobs.
-        assert_eq!(pool.workers[2].state, State::Gone);
-        assert!(pool.workers.iter().all(|w| !w.leaving));
+    fn pod_names_sort_the_newest_first_and_name_their_worker() {
+        assert!(name(7) < name(3));
+        assert_eq!(id(&name(12_345)), 12_345);
+        assert_eq!(id("not a pod"), usize::MAX);
     }
 }
