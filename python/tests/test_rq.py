@@ -15,7 +15,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import FinishedJobRegistry
 
-from processes import Worker, samples, start_worker, value, wait_until
+from processes import RedisServer, Worker, samples, start_worker, value, wait_until
 
 
 @pytest.fixture
@@ -222,6 +222,58 @@ def test_a_redis_restart_loses_no_job_and_the_worker_takes_the_rest(durable_redi
     assert shared.process.poll() is None, "the worker quit instead of reconnecting"
     _, text = shared.get()
     assert value(text, "lanepool_queue_depth", lane="batch") == 0
+
+
+def test_a_job_popped_by_a_take_whose_answer_was_lost_goes_back_to_its_lane(durable_redis, workers):
+    # A Redis that pops a job and dies before its answer arrives leaves the job queued in no
+    # list. Here the pop is made by hand while the worker waits in its take; then Redis dies
+    # and comes back, cutting that take short.
+    redis = Redis(port=durable_redis.port)
+    shared = rq_worker(workers, redis, "urgent,batch")
+    job = _enqueued_and_popped(redis, "batch")
+    _kill_while_taking(durable_redis, redis)
+    wait_until("the lost job back and run", lambda: _all_finished(redis, [job]), within=20)
+    assert ran(redis, shared) == ["batch"]
+    shared.wait_for_line("the job given back", lambda line: f"job {job.id} of lane batch" in line)
+
+
+def test_a_job_another_worker_is_about_to_start_is_not_given_back(durable_redis, workers):
+    # Popped and not yet started, as by a worker between its take and the job's start: a job
+    # that is started within the grace stays where it is.
+    redis = Redis(port=durable_redis.port)
+    shared = rq_worker(workers, redis, "urgent,batch")
+    job = _enqueued_and_popped(redis, "batch")
+    _kill_while_taking(durable_redis, redis)
+    shared.wait_for_line("the job seen lost", lambda line: job.id in line and "unless" in line)
+    # "Another worker" starts it now, within the grace.
+    job.set_status(JobStatus.STARTED)
+    time.sleep(6.0)
+    assert redis.llen("rq:queue:batch") == 0, "given back although started"
+    assert ran(redis, shared, "started") == []
+    assert not any("is back at the head of its lane" in line for line in list(shared.lines))
+
+
+def _enqueued_and_popped(redis: Redis, lane: str) -> Job:
+    """A job enqueued and popped at once (one transaction: no worker takes it in between), as a
+    take whose answer was lost leaves it: queued, in no list."""
+    queue = Queue(lane, connection=redis)
+    with redis.pipeline() as pipe:
+        job = queue.enqueue("jobs.record", 0.0, pipeline=pipe)
+        pipe.lpop(queue.key)
+        popped = pipe.execute()[-1]
+    assert popped is not None and popped.decode() == job.id
+    return job
+
+
+def _kill_while_taking(server: RedisServer, redis: Redis) -> None:
+    """Kills Redis while the worker waits in its take (a blocking pop), and starts it again."""
+    wait_until(
+        "the worker waiting in its take",
+        lambda: any(c.get("cmd") == "blpop" for c in redis.client_list()),
+    )
+    server.kill()
+    time.sleep(0.5)
+    server.start()
 
 
 def _all_finished(redis: Redis, jobs: list[Job]) -> bool:

@@ -29,8 +29,10 @@ from datetime import timezone
 from typing import Any
 
 from redis import ConnectionPool, Redis, RedisError
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 from rq.exceptions import DequeueTimeout
 from rq.job import Job as RQJob
 from rq.queue import Queue
@@ -51,6 +53,27 @@ log = logging.getLogger("lanepool_worker")
 # usually ends the slice at once (CLIENT UNBLOCK).
 TAKE_SLICE = 1.0
 
+# A take is the one command that is never sent twice: a Redis that pops a job and dies before
+# its answer arrives (with appendfsync always, while the pop is written to disk) has the job
+# popped for good, and a second pop after the restart takes the next one: the first is left
+# "queued" in no list, never to run. So a take cut short by a lost connection is not retried by
+# the client; instead, once Redis answers again, the jobs of the worker's lanes left so (queued,
+# in no lane, not started) are put back at the head of their lane, after a grace in which a
+# worker that did get the answer has long marked its job started.
+LOST_TAKE_GRACE = 5.0
+
+# Puts a job popped by a take whose answer was lost back at the head of its lane, unless it is
+# no longer queued (a worker started it: RQ marks a job started as it registers it) or is in its
+# lane already: safe to run from several workers at once. KEYS: the lane's list, its
+# intermediate list, the job's hash.
+GIVE_BACK_LOST = """
+if redis.call('HGET', KEYS[3], 'status') ~= 'queued' then return 0 end
+if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('LPUSH', KEYS[1], ARGV[1])
+return 1
+"""
+
 
 class LaneTaking(BaseWorker):
     """What lanepool changes in an RQ worker: how it takes a job, and what it counts around one.
@@ -61,14 +84,15 @@ class LaneTaking(BaseWorker):
         self.lanepool_state = state
         self._lane_queues: dict[str, Queue] = {q.name: q for q in self.queues}
         # The take blocks on a connection of its own, so that a request can end the wait with
-        # CLIENT UNBLOCK from the HTTP thread; the unblocking client gives up after 100 ms.
+        # CLIENT UNBLOCK from the HTTP thread; the unblocking client gives up after 100 ms. It
+        # never retries (see LOST_TAKE_GRACE).
         pool = self.connection.connection_pool
+        take_kwargs = dict(pool.connection_kwargs, retry=Retry(NoBackoff(), 0))
         self._take_connection = Redis(
-            connection_pool=ConnectionPool(
-                connection_class=pool.connection_class, **pool.connection_kwargs
-            ),
+            connection_pool=ConnectionPool(connection_class=pool.connection_class, **take_kwargs),
             single_connection_client=True,
         )
+        self._take_cut = False
         self._take_client_id: int | None = None
         self._blocked_client_id: int | None = None
         self._unblocker = bounded_client(self.connection, 0.1)
@@ -110,10 +134,15 @@ class LaneTaking(BaseWorker):
                 self.heartbeat()
                 if self.should_run_maintenance_tasks:
                     self.run_maintenance_tasks()
+                if self._take_cut:
+                    self._give_back_lost_takes()
+                    self._take_cut = False
                 taken = self._take(burst=timeout is None)
                 wait_after_error = 1.0
             except (RedisConnectionError, RedisTimeoutError) as e:
                 self._take_client_id = None
+                # A take cut short may have popped a job whose answer never came.
+                self._take_cut = True
                 log.error(
                     "%s: Redis unreachable: %s; trying again in %.0f s",
                     self.lanepool_state.config.name,
@@ -181,6 +210,56 @@ class LaneTaking(BaseWorker):
         job.redis_server_version = self.get_redis_server_version()
         self.log.info("Worker %s: %s: %s (%s)", self.name, queue.name, job.description, job.id)
         return job, queue
+
+    def _lost_takes(self) -> dict[str, str]:
+        """The jobs of the worker's lanes that a take popped without its answer: queued (not
+        started), yet not in their lane. By job id, their lane."""
+        lanes = {self._lane_queue(lane).key: lane for lane in self.lanepool_state.config.lanes}
+        prefix = self.job_class.redis_job_namespace_prefix
+        lost: dict[str, str] = {}
+        for key in self.connection.scan_iter(match=f"{prefix}*", count=1000, _type="hash"):
+            status, origin = self.connection.hmget(key, "status", "origin")
+            if status != b"queued" or origin is None:
+                continue
+            queue = self._lane_queue(origin.decode())
+            if queue.key not in lanes:
+                continue
+            job_id = key.decode().removeprefix(prefix)
+            if self.connection.lpos(queue.key, job_id) is not None:
+                continue
+            lost[job_id] = queue.name
+        return lost
+
+    def _give_back_lost_takes(self) -> None:
+        """After a take was cut short: the jobs popped without an answer (by this worker or
+        another), still lost after LOST_TAKE_GRACE, go back to the head of their lane."""
+        first = self._lost_takes()
+        if not first:
+            return
+        log.warning(
+            "%s: %d job(s) queued in no lane after a take was cut short (%s): back at the head "
+            "of their lane in %.0f s unless started meanwhile",
+            self.lanepool_state.config.name,
+            len(first),
+            ", ".join(sorted(first)),
+            LOST_TAKE_GRACE,
+        )
+        self._pause(LOST_TAKE_GRACE)
+        again = self._lost_takes()
+        give_back = self.connection.register_script(GIVE_BACK_LOST)
+        for job_id, lane in again.items():
+            if first.get(job_id) != lane:
+                continue
+            queue = self._lane_queue(lane)
+            keys = [queue.key, queue.intermediate_queue_key, self.job_class.key_for(job_id)]
+            if give_back(keys=keys, args=[job_id]):
+                log.warning(
+                    "%s: job %s of lane %s was popped by a take that lost its answer (Redis "
+                    "went away); it is back at the head of its lane",
+                    self.lanepool_state.config.name,
+                    job_id,
+                    lane,
+                )
 
     def _give_back(self, job: RQJob, queue: Queue) -> None:
         with self.connection.pipeline() as pipe:
