@@ -135,6 +135,16 @@ impl Operator {
             self.drains.remove(deployment);
         }
         self.applied = release.replicas;
+        // A Deployment runs as many Pods as it was given: the budget holds (no worker lost, none
+        // left over).
+        for deployment in [Deployment::Reserved, Deployment::Shared] {
+            let pods = i32::try_from(pool.pods(deployment).len()).unwrap_or(i32::MAX);
+            debug_assert_eq!(
+                pods,
+                self.count(&self.applied, deployment),
+                "{deployment:?}"
+            );
+        }
         let again = drain::requeue(&self.drains, now).map(|after| at + nanos(after));
         (moved, again)
     }
