@@ -187,9 +187,11 @@ fn a_stabilization_window_holds_the_reserve_after_the_spike() {
 #[test]
 #[ignore = "the simulator runs the operator's rollout now, which lets a shrink go at its 120 s \
             surge timeout: a 1 h pod start passes it (a_shrink_waits_for_new_workers_no_longer_\
-            than_the_surge_timeout checks that); with 110 s the slow start still does 4-12 fewer \
-            batch jobs of about 7,000 (0.1 %) on seeds 1-10, in the transitions between the three \
-            growths, a mechanism not found yet"]
+            than_the_surge_timeout checks that). The claim itself is checked directly by \
+            no_rollout_leaves_fewer_workers_taking_jobs_than_the_budget_while_new_ones_start; \
+            this proxy (batch throughput at least the quick start's) misses by 0-5 of about \
+            7,000 jobs at a 90 s start on seeds 1-10, a difference in the transitions not \
+            explained"]
 fn in_budget_mode_a_role_change_never_dips_capacity_while_the_new_worker_starts() {
     let quick = run(&spike(240)).summary();
     let mut slow = spike(240);
@@ -204,6 +206,35 @@ fn in_budget_mode_a_role_change_never_dips_capacity_while_the_new_worker_starts(
         "{slow:?} vs {quick:?}"
     );
     assert!(slow.p99_ms.is_some_and(|p| p < 150.0), "{slow:?}");
+}
+
+#[test]
+fn no_rollout_leaves_fewer_workers_taking_jobs_than_the_budget_while_new_ones_start() {
+    let timeout =
+        crate::simulate::engine::scenario::nanos(crate::controller::DEFAULT_SURGE_TIMEOUT);
+    // Pods that start in 10 s, and in 90 s: three growths of the reserve 10 s apart during the
+    // spike, each one's stand-ins serving at once, the shared workers leaving only once drained
+    // after the new ones are ready. The surge's timeout counts from the first growth of the
+    // chain: Pods starting in 110 s would have the last one still starting when it ends.
+    for pod_start in [10_000_000_000, timeout - 30_000_000_000] {
+        let mut scenario = spike(240);
+        if let Some(a) = scenario.autoscale.as_mut() {
+            a.pod_start = pod_start;
+        }
+        let outcome = run(&scenario);
+        assert!(
+            outcome.reserve_steps.len() >= 3,
+            "{:?}",
+            outcome.reserve_steps
+        );
+        assert_eq!(outcome.fewest_taking, Some(10), "pod start {pod_start} ns");
+    }
+    // Pods that never start: at the surge timeout the shrink goes without them.
+    let mut never = spike(240);
+    if let Some(a) = never.autoscale.as_mut() {
+        a.pod_start = 3_600_000_000_000;
+    }
+    assert!(run(&never).fewest_taking.is_some_and(|n| n < 10));
 }
 
 #[test]

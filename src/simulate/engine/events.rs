@@ -289,6 +289,9 @@ impl<'a> Engine<'a> {
         };
         let (moved, again) = operator.reconcile(&mut self.pool, at);
         self.next_reconcile = again;
+        let taking = self.pool.taking();
+        let fewest = self.outcome.fewest_taking.get_or_insert(taking);
+        *fewest = (*fewest).min(taking);
         let ready = at + self.pod_start();
         for id in moved.starting {
             self.schedule(ready, id);

@@ -25,6 +25,9 @@ pub struct Outcome {
     pub reserve_steps: Vec<(Nanos, u32)>,
     /// Whether the reserve was decided in the loop (autoscale) rather than fixed.
     pub autoscaled: bool,
+    /// The fewest workers taking jobs (ready, not draining) after any of the operator's
+    /// reconciles: what a rollout left serving at its lowest. `None` without the operator.
+    pub fewest_taking: Option<usize>,
 }
 
 /// Nearest rank: the smallest value with at least `p`% of values at or below it.

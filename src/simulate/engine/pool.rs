@@ -168,6 +168,14 @@ impl Pool {
             .collect()
     }
 
+    /// How many workers take jobs: ready, not draining, not leaving.
+    pub fn taking(&self) -> usize {
+        self.workers
+            .iter()
+            .filter(|w| w.counted() && w.state != State::Starting && !w.draining)
+            .count()
+    }
+
     /// How many of `deployment`'s Pods are ready.
     pub fn ready(&self, deployment: Deployment) -> usize {
         self.pods(deployment)
