@@ -26,6 +26,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::act::{apply, drain, rank, report, stand_in, takeover};
 use super::context::Context;
+use super::observe::deployments as observe_deployments;
 use super::observe::work::{LastMeasured, Observed};
 use super::observe::{autoscalers, measure, reads};
 use super::pods::{self, PoolPods};
@@ -133,8 +134,10 @@ impl Walk<'_> {
     async fn run(&self, sizing: &PoolSizing, memory: &mut PoolMemory) -> Result<Duration> {
         let (pool, ctx, now) = (self.pool, self.ctx, self.now);
         let generation = pool.metadata.generation;
-        // Observe the Deployments (watch cache), and step the carried state: is the pool due?
+        // Observe the Deployments (the watch cache; the API server for the names it lacks), and
+        // step the carried state: is the pool due?
         let live = self.read_deployments(memory);
+        let not_cached = observe_deployments::not_cached(pool, ctx, &live).await?;
         let period = state::period(self.interval, &pool.uid().unwrap_or_default());
         let start = memory.start(generation, period, now, || {
             state::recorded_replicas(pool, &self.old_status, &live)
@@ -163,7 +166,7 @@ impl Walk<'_> {
         // The latest a waiting shrink waits for the Deployments taking over.
         let surge_ends = memory.surge_since.unwrap_or(now) + ctx.settings.surge_timeout;
         let last = memory.applied.clone().or(start.current.clone());
-        let deployments = apply::Deployments::new(pool, ctx, &live, last);
+        let deployments = apply::Deployments::new(pool, ctx, &live, &not_cached, last);
         // Act: the growth, alone, before any shrinking Deployment's Pod is asked anything.
         if let Some(growth) = &rollout.growth {
             deployments.apply(growth).await?;

@@ -26,6 +26,8 @@ pub(in crate::controller) struct Deployments<'a> {
     api: Api<Deployment>,
     /// As the watch cache has them.
     live: &'a BTreeMap<String, Deployment>,
+    /// The pool's names the cache lacks, as the API server had them (`observe/deployments.rs`).
+    not_cached: &'a BTreeMap<String, Option<Deployment>>,
     /// What this process applied last (after a restart, what was recorded).
     applied: Option<Replicas>,
 }
@@ -35,6 +37,7 @@ impl<'a> Deployments<'a> {
         pool: &'a LanePool,
         ctx: &'a Context,
         live: &'a BTreeMap<String, Deployment>,
+        not_cached: &'a BTreeMap<String, Option<Deployment>>,
         applied: Option<Replicas>,
     ) -> Self {
         let api = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
@@ -43,14 +46,16 @@ impl<'a> Deployments<'a> {
             ctx,
             api,
             live,
+            not_cached,
             applied,
         }
     }
 
     /// Applies `replicas` (see [`apply_deployments`]).
     pub(in crate::controller) async fn apply(&self, replicas: &Replicas) -> Result<()> {
-        let (pool, ctx, api, live) = (self.pool, self.ctx, &self.api, self.live);
-        apply_deployments(pool, ctx, api, live, replicas, self.applied.as_ref()).await
+        let (pool, ctx, api) = (self.pool, self.ctx, &self.api);
+        let existing = (self.live, self.not_cached);
+        apply_deployments(pool, ctx, api, existing, replicas, self.applied.as_ref()).await
     }
 
     /// Removes the Deployments of lanes gone (`leave`) whose workers may go now; the others
@@ -75,13 +80,17 @@ impl<'a> Deployments<'a> {
     }
 }
 
-/// Applies the pool's Deployments at `replicas` over the `existing` ones; `applied` is what this
-/// operator set last, so that a count someone else set is reported as restored.
+/// Applies the pool's Deployments at `replicas` over the `existing` ones (the cache's, and what
+/// the API server had under the names the cache lacks); `applied` is what this operator set
+/// last, so that a count someone else set is reported as restored.
 async fn apply_deployments(
     pool: &LanePool,
     ctx: &Context,
     deployments: &Api<Deployment>,
-    existing: &BTreeMap<String, Deployment>,
+    (existing, not_cached): (
+        &BTreeMap<String, Deployment>,
+        &BTreeMap<String, Option<Deployment>>,
+    ),
     replicas: &Replicas,
     applied: Option<&Replicas>,
 ) -> Result<()> {
@@ -89,22 +98,15 @@ async fn apply_deployments(
     // Nothing is written over a Deployment that is not this pool's: check every name first.
     for deployment in &desired {
         let name = deployment.name_any();
-        let found = match existing.get(&name) {
-            Some(found) => Some(found.clone()),
-            None => {
-                ctx.read(
-                    format!("reading Deployment {name}"),
-                    deployments.get_opt(&name),
-                )
-                .await?
-            }
-        };
+        let found = existing
+            .get(&name)
+            .or_else(|| not_cached.get(&name).and_then(Option::as_ref));
         if let Some(found) = found
-            && !owned_by(pool, &found)
+            && !owned_by(pool, found)
         {
             return Err(Error::NameConflict {
                 name,
-                owner: owner_of(&found),
+                owner: owner_of(found),
             });
         }
     }

@@ -1,4 +1,5 @@
-//! Everything a reconcile reads beyond its Deployments and Pods: the lanes' load from Prometheus
+//! Everything a reconcile reads beyond the watch caches: the pool's Deployments the cache lacks
+//! (`deployments.rs`), the lanes' load from Prometheus
 //! and the workers' own counts when the pool is due (`measure.rs`, `reads.rs`), and what the
 //! workers are doing when a step chooses whom to drain, stand in or stop (`work.rs`), and the autoscalers that would fight it (`autoscalers.rs`). Each worker
 //! is asked at most once per reconcile (`answers.rs`, its `GET /metrics`), and Prometheus at most
@@ -6,6 +7,7 @@
 
 pub(super) mod answers;
 pub(super) mod autoscalers;
+pub(super) mod deployments;
 pub(super) mod measure;
 pub(super) mod reads;
 pub(super) mod work;
