@@ -164,7 +164,7 @@ impl Walk<'_> {
         let surge_ended = memory.surging(&rollout, now);
         surge_end(ctx, surge_ended);
         // The latest a waiting shrink waits for the Deployments taking over.
-        let surge_ends = memory.surge_since.unwrap_or(now) + ctx.settings.surge_timeout;
+        let surge_ends = memory.surge_wait.ends(ctx.settings.surge_timeout, now);
         let last = memory.applied.clone().or(start.current.clone());
         let deployments = apply::Deployments::new(pool, ctx, &live, &not_cached, last);
         // Act: the growth, alone, before any shrinking Deployment's Pod is asked anything.

@@ -19,4 +19,6 @@ pub(crate) mod surge;
 pub(super) mod takeover;
 
 pub(crate) use shrink::{Shrink, StandIn, lanes_of};
-pub(crate) use step::{Held, Release, Rollout, Rules, Settled, Surge, WaitsFor, rollout};
+pub(crate) use step::{
+    Held, Release, Rollout, Rules, Settled, Surge, SurgeWait, WaitsFor, rollout,
+};

@@ -33,6 +33,49 @@ pub(crate) struct Surge {
     pub(crate) taking_over: BTreeSet<String>,
 }
 
+/// A shrink's wait for the growing Deployments, carried between reconciles: since when it
+/// waits (from the first reconcile that found it waiting, until one does not) and for which
+/// Deployments.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct SurgeWait {
+    pub(crate) since: Option<Duration>,
+    pub(crate) taking_over: BTreeSet<String>,
+}
+
+impl SurgeWait {
+    /// How long a shrink has been waiting, if it has.
+    pub(crate) fn waited(&self, now: Duration) -> Option<Duration> {
+        self.since.map(|since| now.saturating_sub(since))
+    }
+
+    /// Where the surge stands at `now`, for [`rollout`].
+    pub(crate) fn surge(&self, now: Duration) -> Surge {
+        Surge {
+            waited: self.waited(now),
+            taking_over: self.taking_over.clone(),
+        }
+    }
+
+    /// Follows `rollout`: a wait starts, goes on or ends. Returns how long a wait that ends now
+    /// lasted.
+    pub(crate) fn follow(&mut self, rollout: &Rollout, now: Duration) -> Option<Duration> {
+        let waiting = rollout.waiting;
+        let ended = self.waited(now).filter(|_| !waiting);
+        self.since = waiting.then(|| self.since.unwrap_or(now));
+        self.taking_over = match waiting {
+            true => rollout.taking_over.clone(),
+            false => BTreeSet::new(),
+        };
+        ended
+    }
+
+    /// The latest a waiting shrink waits until, `timeout` after the wait began (from `now`
+    /// when none waits).
+    pub(crate) fn ends(&self, timeout: Duration, now: Duration) -> Duration {
+        self.since.unwrap_or(now) + timeout
+    }
+}
+
 /// One reconcile's way to the decided counts.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Rollout {

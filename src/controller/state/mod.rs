@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::deployments::{Role, pool_roles, spec_replicas};
 use super::rollout::drain::{self, Drain};
 use super::rollout::stand_in::StandIns;
-use super::rollout::{Release, Rollout, Surge};
+use super::rollout::{Release, Rollout, Surge, SurgeWait};
 use super::status::METRICS_AVAILABLE;
 use crate::api::{Lane, LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
@@ -35,10 +35,8 @@ pub(super) struct PoolMemory {
     pub(super) replicas: Option<Replicas>,
     /// What was last applied to the Deployments: the decision, or a step of a surge towards it.
     pub(super) applied: Option<Replicas>,
-    /// Since when a shrink has been waiting for the growing Deployments to be ready.
-    pub(super) surge_since: Option<Duration>,
-    /// The Deployments that grew for the waiting shrink.
-    pub(super) taking_over: BTreeSet<String>,
+    /// A shrink's wait for the growing Deployments to be ready.
+    pub(super) surge_wait: SurgeWait,
     pub(super) failures: u32,
     /// How the pool last reached Prometheus: its client stays cached while the pool lives.
     pub(super) connection: Option<Connection>,
@@ -175,31 +173,15 @@ impl PoolMemory {
         self.replicas.clone().unwrap_or_default()
     }
 
-    /// How long a shrink has been waiting for the growing Deployments, if it has.
-    pub(super) fn surge_waited(&self, now: Duration) -> Option<Duration> {
-        self.surge_since.map(|since| now.saturating_sub(since))
-    }
-
     /// Where the surge stands at `now`.
     pub(super) fn surge(&self, now: Duration) -> Surge {
-        Surge {
-            waited: self.surge_waited(now),
-            taking_over: self.taking_over.clone(),
-        }
+        self.surge_wait.surge(now)
     }
 
     /// Remembers whether a shrink is waiting (since the first time it was, until it is not) and
     /// for which Deployments. Returns how long a wait that ends now lasted.
     pub(super) fn surging(&mut self, rollout: &Rollout, now: Duration) -> Option<Duration> {
-        let waiting = rollout.waiting;
-        let ended = self.surge_waited(now).filter(|_| !waiting);
-        self.surge_since = waiting.then(|| self.surge_since.unwrap_or(now));
-        self.taking_over = if waiting {
-            rollout.taking_over.clone()
-        } else {
-            BTreeSet::new()
-        };
-        ended
+        self.surge_wait.follow(rollout, now)
     }
 
     /// Remembers what the Deployments were given for the spec's `generation` (every Deployment
@@ -225,7 +207,7 @@ impl PoolMemory {
     ) -> Duration {
         let measured_at = self.measured_at.unwrap_or(now);
         let mut wait = period.saturating_sub(now.saturating_sub(measured_at));
-        if let Some(since) = self.surge_since {
+        if let Some(since) = self.surge_wait.since {
             wait = wait.min((since + surge_timeout).saturating_sub(now));
         }
         let wait = wait.max(Duration::from_secs(1));
@@ -493,11 +475,11 @@ mod tests {
     #[test]
     fn a_waiting_shrink_keeps_the_time_it_started_waiting() {
         let mut memory = after_decision(secs(0));
-        assert_eq!(memory.surge_waited(secs(3)), None);
+        assert_eq!(memory.surge_wait.waited(secs(3)), None);
         assert_eq!(memory.surging(&waiting(true), secs(3)), None);
         assert_eq!(memory.surging(&waiting(true), secs(8)), None);
-        assert_eq!(memory.surge_since, Some(secs(3)));
-        assert_eq!(memory.surge_waited(secs(8)), Some(secs(5)));
+        assert_eq!(memory.surge_wait.since, Some(secs(3)));
+        assert_eq!(memory.surge_wait.waited(secs(8)), Some(secs(5)));
         assert_eq!(
             memory.surge(secs(8)).taking_over.len(),
             1,
@@ -508,8 +490,8 @@ mod tests {
             Some(secs(6)),
             "the wait ends"
         );
-        assert_eq!(memory.surge_since, None);
-        assert!(memory.taking_over.is_empty());
+        assert_eq!(memory.surge_wait.since, None);
+        assert!(memory.surge_wait.taking_over.is_empty());
         assert_eq!(
             memory.surging(&waiting(false), secs(10)),
             None,
@@ -517,7 +499,7 @@ mod tests {
         );
         memory.surging(&waiting(true), secs(12));
         assert_eq!(
-            memory.surge_since,
+            memory.surge_wait.since,
             Some(secs(12)),
             "a new wait starts afresh"
         );

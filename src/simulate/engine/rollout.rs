@@ -22,7 +22,7 @@ use super::scenario::{Nanos, Preference, nanos};
 use crate::api::{LanePool, LanePoolSpec};
 use crate::controller::rollout::drain::{self, DEFAULT_DRAIN_TIMEOUT, Drain, DrainAnswer};
 use crate::controller::rollout::stand_in::{self, StandIns};
-use crate::controller::rollout::{Rollout, Rules, Surge, rollout};
+use crate::controller::rollout::{Rollout, Rules, SurgeWait, rollout};
 use crate::controller::{DEFAULT_SURGE_TIMEOUT, Role, deployment_name};
 use crate::sizing::Replicas;
 
@@ -40,8 +40,7 @@ pub struct Operator {
     job_seconds: BTreeMap<String, f64>,
     decided: Replicas,
     applied: Replicas,
-    surge_since: Option<Duration>,
-    taking_over: BTreeSet<String>,
+    surge: SurgeWait,
     stand_ins: BTreeMap<String, StandIns>,
     drains: BTreeMap<String, Drain>,
     /// The Pods whose deletion cost the operator set to -1 (drained and idle), as its Pod cache
@@ -77,8 +76,7 @@ impl Operator {
             job_seconds,
             decided: counts.clone(),
             applied: counts,
-            surge_since: None,
-            taking_over: BTreeSet::new(),
+            surge: SurgeWait::default(),
             stand_ins: BTreeMap::new(),
             drains: BTreeMap::new(),
             marked: BTreeSet::new(),
@@ -94,20 +92,16 @@ impl Operator {
     pub fn reconcile(&mut self, pool: &mut Pool, at: Nanos) -> (Moved, Option<Nanos>) {
         let now = Duration::from_nanos(at);
         let live = self.live(pool);
-        let surge = Surge {
-            waited: self.surge_since.map(|since| now.saturating_sub(since)),
-            taking_over: self.taking_over.clone(),
-        };
         let rollout = rollout(
             &self.pool,
             &live,
             &self.decided,
             Some(&self.applied),
-            &surge,
+            &self.surge.surge(now),
             self.rules,
         );
-        self.surging(&rollout, now);
-        let surge_ends = self.surge_since.unwrap_or(now) + self.rules.surge_timeout;
+        self.surge.follow(&rollout, now);
+        let surge_ends = self.surge.ends(self.rules.surge_timeout, now);
         let mut moved = Moved::default();
         // Drains the operator no longer asks for lapse in the workers (seen here, at a reconcile).
         pool.lapse(at, &mut moved);
@@ -175,16 +169,6 @@ impl Operator {
                 (name, deployment)
             })
             .collect()
-    }
-
-    /// Remembers whether a shrink waits for the surge, since when and for which Deployments
-    /// (`PoolMemory::surging`).
-    fn surging(&mut self, rollout: &Rollout, now: Duration) {
-        self.surge_since = rollout.waiting.then(|| self.surge_since.unwrap_or(now));
-        self.taking_over = match rollout.waiting {
-            true => rollout.taking_over.clone(),
-            false => BTreeSet::new(),
-        };
     }
 
     /// The stand-ins of the shrinks waiting for the surge (`act/stand_in.rs`): chosen as the
