@@ -237,6 +237,28 @@ def test_a_job_popped_by_a_take_whose_answer_was_lost_goes_back_to_its_lane(dura
     shared.wait_for_line("the job given back", lambda line: f"job {job.id} of lane batch" in line)
 
 
+def test_two_workers_whose_takes_were_cut_give_a_lost_job_back_once(durable_redis, workers):
+    redis = Redis(port=durable_redis.port)
+    first = rq_worker(workers, redis, "urgent,batch", "shared", "jobs-shared-1")
+    second = rq_worker(workers, redis, "urgent,batch", "shared", "jobs-shared-2")
+    job = _enqueued_and_popped(redis, "batch")
+    wait_until(
+        "both workers waiting in their take",
+        lambda: sum(c.get("cmd") == "blpop" for c in redis.client_list()) >= 2,
+    )
+    _kill_while_taking(durable_redis, redis)
+    wait_until("the lost job back and run", lambda: _all_finished(redis, [job]), within=20)
+    time.sleep(1.0)
+    assert sorted(ran(redis, first) + ran(redis, second)) == ["batch"], "run once"
+    given_back = [
+        line
+        for worker in (first, second)
+        for line in list(worker.lines)
+        if "is back at the head of its lane" in line
+    ]
+    assert len(given_back) == 1, given_back
+
+
 def test_a_job_another_worker_is_about_to_start_is_not_given_back(durable_redis, workers):
     # Popped and not yet started, as by a worker between its take and the job's start: a job
     # that is started within the grace stays where it is.

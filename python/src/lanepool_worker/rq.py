@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timezone
 from typing import Any
 
@@ -63,13 +64,29 @@ TAKE_SLICE = 1.0
 LOST_TAKE_GRACE = 5.0
 
 # Puts a job popped by a take whose answer was lost back at the head of its lane, unless it is
-# no longer queued (a worker started it: RQ marks a job started as it registers it) or is in its
-# lane already: safe to run from several workers at once. KEYS: the lane's list, its
-# intermediate list, the job's hash.
+# no longer queued (a worker started it: RQ marks a job started as it registers it), is in its
+# lane already, or was given back by another worker lately (every worker whose take a restart
+# cut recovers at once): safe to run from several workers at once. KEYS: the lane's list, its
+# intermediate list, the job's hash, the mark of a give-back. ARGV: the job id, the mark's TTL.
 GIVE_BACK_LOST = """
 if redis.call('HGET', KEYS[3], 'status') ~= 'queued' then return 0 end
 if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[2]) then return 0 end
 redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('LPUSH', KEYS[1], ARGV[1])
+return 1
+"""
+
+# How long a give-back keeps another worker from giving the same job back: far longer than a
+# recovery's grace.
+GIVEN_BACK_MARK_SECONDS = 60
+
+# Puts a job a take handed out just as a request came back at the head of its lane, once: a
+# retry after a lost answer finds it there already. KEYS: the lane's list, its intermediate
+# list. ARGV: the job id.
+GIVE_BACK = """
+redis.call('LREM', KEYS[2], 1, ARGV[1])
+if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 return 1
 """
@@ -213,26 +230,35 @@ class LaneTaking(BaseWorker):
 
     def _lost_takes(self) -> dict[str, str]:
         """The jobs of the worker's lanes that a take popped without its answer: queued (not
-        started), yet not in their lane. By job id, their lane."""
+        started), yet not in their lane. By job id, their lane. The statuses are read first and
+        the lanes after, so that a job enqueued meanwhile is found in its lane."""
         lanes = {self._lane_queue(lane).key: lane for lane in self.lanepool_state.config.lanes}
         prefix = self.job_class.redis_job_namespace_prefix
-        lost: dict[str, str] = {}
-        for key in self.connection.scan_iter(match=f"{prefix}*", count=1000, _type="hash"):
-            status, origin = self.connection.hmget(key, "status", "origin")
-            if status != b"queued" or origin is None:
-                continue
-            queue = self._lane_queue(origin.decode())
-            if queue.key not in lanes:
-                continue
-            job_id = key.decode().removeprefix(prefix)
-            if self.connection.lpos(queue.key, job_id) is not None:
-                continue
-            lost[job_id] = queue.name
-        return lost
+        queued: dict[str, str] = {}
+        keys = self.connection.scan_iter(match=f"{prefix}*", count=1000, _type="hash")
+        for chunk in _chunks(keys, 1000):
+            with self.connection.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hmget(key, "status", "origin")
+                answers = pipe.execute()
+            for key, (status, origin) in zip(chunk, answers, strict=True):
+                if status != b"queued" or origin is None:
+                    continue
+                lane_key = self._lane_queue(origin.decode()).key
+                if lane_key in lanes:
+                    queued[key.decode().removeprefix(prefix)] = lanes[lane_key]
+        if not queued:
+            return {}
+        in_lanes = {
+            lane: {job_id.decode() for job_id in self.connection.lrange(key, 0, -1)}
+            for key, lane in lanes.items()
+        }
+        return {job_id: lane for job_id, lane in queued.items() if job_id not in in_lanes[lane]}
 
     def _give_back_lost_takes(self) -> None:
         """After a take was cut short: the jobs popped without an answer (by this worker or
-        another), still lost after LOST_TAKE_GRACE, go back to the head of their lane."""
+        another), still lost after LOST_TAKE_GRACE, go back to the head of their lane. A worker
+        told to stop meanwhile leaves them to the others whose take was cut."""
         first = self._lost_takes()
         if not first:
             return
@@ -245,14 +271,21 @@ class LaneTaking(BaseWorker):
             LOST_TAKE_GRACE,
         )
         self._pause(LOST_TAKE_GRACE)
+        if self._stop_requested:
+            return
         again = self._lost_takes()
         give_back = self.connection.register_script(GIVE_BACK_LOST)
         for job_id, lane in again.items():
             if first.get(job_id) != lane:
                 continue
             queue = self._lane_queue(lane)
-            keys = [queue.key, queue.intermediate_queue_key, self.job_class.key_for(job_id)]
-            if give_back(keys=keys, args=[job_id]):
+            keys = [
+                queue.key,
+                queue.intermediate_queue_key,
+                self.job_class.key_for(job_id),
+                f"{queue.key}:lanepool-given-back:{job_id}",
+            ]
+            if give_back(keys=keys, args=[job_id, GIVEN_BACK_MARK_SECONDS]):
                 log.warning(
                     "%s: job %s of lane %s was popped by a take that lost its answer (Redis "
                     "went away); it is back at the head of its lane",
@@ -262,10 +295,8 @@ class LaneTaking(BaseWorker):
                 )
 
     def _give_back(self, job: RQJob, queue: Queue) -> None:
-        with self.connection.pipeline() as pipe:
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            pipe.lpush(queue.key, job.id)
-            pipe.execute()
+        give_back = self.connection.register_script(GIVE_BACK)
+        give_back(keys=[queue.key, queue.intermediate_queue_key], args=[job.id])
 
     def _lane_queue(self, lane: str) -> Queue:
         if lane not in self._lane_queues:
@@ -306,6 +337,18 @@ WORKER_CLASSES: dict[str, type[LaneTaking]] = {
     "simple": LaneSimpleWorker,
     "fork": LaneForkWorker,
 }
+
+
+def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    """`items` in lists of at most `size`."""
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def submitted_at(job: RQJob) -> float | None:

@@ -1,7 +1,9 @@
 //! The pool's Deployments the watch cache does not have: a name the pool is to write that is not
 //! created yet, or that another owner took (the cache holds only Deployments labelled as a
-//! pool's). Asked from the API server once per reconcile, only for the names missing from the
-//! cache, so that nothing is written over a Deployment that is not the pool's.
+//! pool's). Asked from the API server once per reconcile, at its start, only for the names
+//! missing from the cache: the apply refuses a name another owner holds as this read found it.
+//! A read that fails ends the reconcile before anything is measured or written (retried with
+//! backoff): unknown means hold.
 
 use std::collections::BTreeMap;
 

@@ -296,8 +296,11 @@ impl<'a> Engine<'a> {
         for id in moved.starting {
             self.schedule(ready, id);
         }
+        // A worker woken and then deleted in the same reconcile takes nothing.
         for id in moved.woken {
-            self.take_work(id, at);
+            if self.pool.workers[id].counted() {
+                self.take_work(id, at);
+            }
         }
     }
 }

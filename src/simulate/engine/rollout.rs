@@ -7,8 +7,10 @@
 //! it applies counts, a Deployment starts workers or its ReplicaSet deletes the cheapest.
 //!
 //! What the operator's reconcile does that this does not: Kubernetes' own delays (a watch event
-//! or a write takes no time here), the surge's timeout (simulated Pods always start), an
-//! earlier leader's workers, rollovers of a new template, and workers that do not answer.
+//! or a write takes no time here), an earlier leader's workers, rollovers of a new template,
+//! workers that do not answer, and the lapse of a stand-in in the worker (the operator always
+//! ends it here); a drain the operator no longer asks for lapses at the next reconcile rather
+//! than to the second.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -139,7 +141,17 @@ impl Operator {
                 "{deployment:?}"
             );
         }
-        let again = drain::requeue(&self.drains, now).map(|after| at + nanos(after));
+        // Back for a drain's poll, or when a waiting shrink's surge times out (readiness comes
+        // as the Deployment's watch event; the timeout has to be watched for).
+        let surge_timeout = self
+            .surge
+            .since
+            .map(|_| surge_ends.saturating_sub(now).max(Duration::from_secs(1)));
+        let again = [drain::requeue(&self.drains, now), surge_timeout]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|after| at + nanos(after));
         (moved, again)
     }
 
