@@ -492,6 +492,28 @@ fn unconfirmed_growth(
     (confirmed < ceiling).then_some(confirmed)
 }
 
+/// For a process's first decision of a lane (a new leader's, after a restart or an upgrade):
+/// the recent rate and the current reserve, when a growth the long rate asks for waits because
+/// the recent rate is below the long one. A new leader knows nothing of the load's recent past:
+/// for a minute after a spike its long window still holds the spike, which the previous leader
+/// saw end, and a recent count within its noise of that long rate (so not followed) but below it
+/// says the load fell back, not that it rose; growing then would shrink again a read later.
+/// `None` when nothing grows, the recent rate is followed or absent, or it is not below (and
+/// for every later decision, `current` being `None` then).
+fn fallen_back(
+    load: &LaneLoad,
+    followed: Option<RecentRate>,
+    current: Option<i32>,
+    ceiling: i32,
+) -> Option<(f64, i32)> {
+    let current = current.filter(|c| ceiling > *c)?;
+    if followed.is_some() {
+        return None;
+    }
+    let recent = load.recent_arrival_rate?;
+    (recent.per_second < load.arrival_rate).then_some((recent.per_second, current))
+}
+
 /// What one measured lane leaves behind: the recommendations to remember and the decision.
 struct Measured {
     history: Vec<Recommendation>,
@@ -544,6 +566,12 @@ fn measured(
     if let Some(confirmed) = unconfirmed {
         ceiling = confirmed;
     }
+    let explained_ceiling = ceiling;
+    let first = history.get(&lane.name).is_none_or(Vec::is_empty);
+    let fallen_back = fallen_back(load, followed, current.filter(|_| first), ceiling);
+    if let Some((_, held)) = fallen_back {
+        ceiling = held;
+    }
     let recommended = ceiling.clamp(lane.min, lane.max);
     let capped = (ceiling > lane.max).then(|| {
         format!(
@@ -571,7 +599,8 @@ fn measured(
             tolerated,
             wanted,
             unconfirmed_by: unconfirmed.map(|_| load.arrival_rate),
-            ceiling,
+            ceiling: explained_ceiling,
+            fallen_back,
             recommended,
             max: lane.max,
             paused: paused_at.is_some(),

@@ -69,6 +69,8 @@ pub(super) struct Steps {
     pub(super) unconfirmed_by: Option<f64>,
     /// The count after both.
     pub(super) ceiling: i32,
+    /// A new leader's growth held: the recent rate below the long one, and the count held at.
+    pub(super) fallen_back: Option<(f64, i32)>,
     /// Within the lane's bounds.
     pub(super) recommended: i32,
     pub(super) max: i32,
@@ -86,6 +88,7 @@ pub(super) fn reserve(lane: &str, arithmetic: &str, steps: &Steps) -> String {
         wanted,
         unconfirmed_by,
         ceiling,
+        fallen_back,
         recommended,
         max,
         paused,
@@ -112,6 +115,16 @@ pub(super) fn reserve(lane: &str, arithmetic: &str, steps: &Steps) -> String {
         )),
         (None, None) => explanation.push_str(&ceiling.to_string()),
     }
+    let ceiling = match fallen_back {
+        Some((recent, held)) => {
+            explanation.push_str(&format!(
+                ", held at {held}: the recent {}/s is below the long rate (a first decision)",
+                trim(recent)
+            ));
+            held
+        }
+        None => ceiling,
+    };
     if ceiling != recommended {
         let bound = if ceiling > max { "max" } else { "min" };
         explanation.push_str(&format!(", {bound} {recommended}"));

@@ -470,6 +470,56 @@ fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
 }
 
 #[test]
+fn a_first_decision_does_not_grow_on_a_long_rate_the_recent_rate_is_below() {
+    let sizing = pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    );
+    // A new leader a minute after a spike: the long window still says 14.9/s (3 reserved:
+    // 14.9 × 0.1 × 1.5 = 2.2), while the last 5 s counted 60 jobs (12/s): within two standard
+    // deviations of the 74.5 the long rate expects, so not followed, but below it. The load fell
+    // back: no growth.
+    let fallen = at(
+        &sizing,
+        &counted_over(14.9, 12.0, 5, 0.1),
+        Some(&replicas(2, 8)),
+        &History::new(),
+        0,
+    );
+    assert_eq!(fallen.lanes[0].reserve, 2);
+    assert!(
+        fallen.lanes[0]
+            .explanation
+            .contains("3, held at 2: the recent 12/s is below the long rate (a first decision)"),
+        "{}",
+        fallen.lanes[0].explanation
+    );
+    // The same long rate with a recent count at or above it grows, as before.
+    for recent in [14.9, 16.0] {
+        let risen = at(
+            &sizing,
+            &counted_over(14.9, recent, 5, 0.1),
+            Some(&replicas(2, 8)),
+            &History::new(),
+            0,
+        );
+        assert_eq!(risen.lanes[0].reserve, 3, "recent {recent}/s");
+    }
+    // A leader that has decided before follows the long rate as before: it saw the load.
+    let later = at(
+        &sizing,
+        &counted_over(14.9, 12.0, 5, 0.1),
+        Some(&replicas(2, 8)),
+        &fallen.history,
+        5,
+    );
+    assert_eq!(later.lanes[0].reserve, 3);
+}
+
+#[test]
 fn growth_the_long_rate_does_not_confirm_waits_for_it() {
     let sizing = pool(
         PoolSize::Budget {
