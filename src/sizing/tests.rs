@@ -18,6 +18,17 @@ fn pool(size: PoolSize, window_secs: u64) -> PoolSizing {
     }
 }
 
+/// The budget of [`budget`] without a scale-down window: every recommendation goes out at once.
+fn budget_at_once() -> PoolSizing {
+    pool(
+        PoolSize::Budget {
+            total: 10,
+            shared_min: 2,
+        },
+        0,
+    )
+}
+
 fn budget() -> PoolSizing {
     pool(
         PoolSize::Budget {
@@ -434,13 +445,7 @@ fn counted_over(
 
 #[test]
 fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
-    let sizing = pool(
-        PoolSize::Budget {
-            total: 10,
-            shared_min: 2,
-        },
-        0,
-    );
+    let sizing = budget_at_once();
     // A spike the 1 m window has seen for a while: the last scrape interval says 150/s.
     let up = at(
         &sizing,
@@ -471,13 +476,7 @@ fn the_recent_rate_moves_the_reserve_both_ways_before_the_long_window() {
 
 #[test]
 fn a_first_decision_does_not_grow_on_a_long_rate_the_recent_rate_is_below() {
-    let sizing = pool(
-        PoolSize::Budget {
-            total: 10,
-            shared_min: 2,
-        },
-        0,
-    );
+    let sizing = budget_at_once();
     // A new leader a minute after a spike: the long window still says 14.9/s (3 reserved:
     // 14.9 × 0.1 × 1.5 = 2.2), while the last 5 s counted 60 jobs (12/s): within two standard
     // deviations of the 74.5 the long rate expects, so not followed, but below it. The load fell
@@ -521,13 +520,7 @@ fn a_first_decision_does_not_grow_on_a_long_rate_the_recent_rate_is_below() {
 
 #[test]
 fn growth_the_long_rate_does_not_confirm_waits_for_it() {
-    let sizing = pool(
-        PoolSize::Budget {
-            total: 10,
-            shared_min: 2,
-        },
-        0,
-    );
+    let sizing = budget_at_once();
     // A spike the 1 m window has barely seen: 150/s recent asks for 5, but twice the 30/s long
     // rate asks for 2 (2 × 30/s × 20 ms × 1.5 = 1.8).
     let barely = at(
@@ -595,13 +588,7 @@ proptest! {
 
 #[test]
 fn without_a_recent_rate_the_long_window_decides() {
-    let sizing = pool(
-        PoolSize::Budget {
-            total: 10,
-            shared_min: 2,
-        },
-        0,
-    );
+    let sizing = budget_at_once();
     let decision = at(
         &sizing,
         &loads(150.0, 0.02),
@@ -615,13 +602,7 @@ fn without_a_recent_rate_the_long_window_decides() {
 
 #[test]
 fn a_change_inside_the_tolerance_is_not_made() {
-    let sizing = pool(
-        PoolSize::Budget {
-            total: 10,
-            shared_min: 2,
-        },
-        0,
-    );
+    let sizing = budget_at_once();
     // 1.5 × 20 ms × 36/s = 1.08: 2 by the ceiling, but within 10 % of the 1 running.
     let kept = at(
         &sizing,
@@ -986,13 +967,7 @@ fn the_action_waits_for_the_failure_threshold() {
 
 #[test]
 fn hold_keeps_counts_up_to_its_limit_then_falls_back() {
-    let mut sizing = pool(
-        PoolSize::Budget {
-            total: 10,
-            shared_min: 2,
-        },
-        0,
-    );
+    let mut sizing = budget_at_once();
     sizing.on_unavailable = UnavailablePolicy::Hold {
         limit: Duration::from_secs(600),
         fallback: None,
