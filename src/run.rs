@@ -134,6 +134,13 @@ pub struct RunArgs {
     /// not drain are ranked as before. 0 turns draining off.
     #[arg(long, env = "LANEPOOL_DRAIN_TIMEOUT", default_value = "2m", value_parser = duration::flag)]
     pub drain_timeout: Duration,
+
+    /// How old a pool's worker credential (the token in its Secret `<pool>-worker-credential`
+    /// that drain and stand-in requests carry) may get before the operator makes a new one; the
+    /// old one is still sent for 10 minutes to workers that have not seen the new file. 0: only
+    /// when a pool is annotated `lanepool.dev/rotate-credential=<a new value>`.
+    #[arg(long, env = "LANEPOOL_CREDENTIAL_MAX_AGE", default_value = "720h", value_parser = duration::flag)]
+    pub credential_max_age: Duration,
 }
 
 /// The multi-threaded runtime a command runs on; its failure said on stderr, as an exit code.
@@ -202,6 +209,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         idle_workers_first: args.idle_workers_first,
         worker_reads: args.worker_reads,
         drain_timeout: args.drain_timeout,
+        credential_max_age: args.credential_max_age,
         write_timeout: args.write_timeout,
     };
     // With leader election nothing is written until this replica holds the lease and sees it

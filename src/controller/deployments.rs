@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 
+use super::credential;
 use super::protocol::{METRICS_PORT, TAKEOVER_CONDITION};
 use crate::api::{LANE_LABEL, LanePool, POOL_LABEL, ROLE_LABEL};
 use crate::sizing::Replicas;
@@ -228,6 +229,11 @@ fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
         }
     }
 
+    // Only a worker the operator talks to (its template serves a metrics port) is given the
+    // credential that steers it.
+    if let Some(spec) = template.spec.as_mut().filter(|s| serves_metrics(Some(s))) {
+        credential::mount(&pool_name, spec);
+    }
     let strategy = template.spec.as_mut().and_then(takeover);
     // The strategy follows from the template alone: the template's hash covers it.
     let template_hash = hash(&serde_json::to_string(&template).unwrap_or_default());

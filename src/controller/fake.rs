@@ -75,24 +75,34 @@ pub(super) struct FakeWorker {
     pub(super) posted: AtomicUsize,
     /// Drain requests (`POST /drain` of more than 0 s) it was sent.
     pub(super) drains_asked: AtomicUsize,
+    /// The token it takes requests with, when it holds another than the pool's Secret (one
+    /// the operator has not seen): a request with any other is answered 401.
+    pub(super) holds_token: Mutex<Option<String>>,
+    /// The tokens its requests carried, in the order sent.
+    pub(super) tokens: Mutex<Vec<String>>,
 }
 
 impl FakeWorker {
     fn metrics(&self) -> String {
         let gauge = |on: &AtomicBool| u8::from(on.load(Ordering::SeqCst));
         format!(
-            "lanepool_worker_busy{{lane=\"batch\"}} {}\nlanepool_worker_draining {}\nlanepool_worker_standing_in {}\n",
+            "lanepool_worker_busy{{lane=\"batch\"}} {}\nlanepool_worker_draining {}\nlanepool_worker_standing_in {}\nlanepool_worker_credential_required 1\n",
             gauge(&self.busy),
             gauge(&self.draining),
             gauge(&self.standing_in),
         )
     }
 
-    /// Its answer to `method` `target`: status and text.
-    fn answer(&self, method: &str, target: &str) -> (u16, String) {
+    /// Its answer to `method` `target` (carrying `token` on a POST): status and text.
+    fn answer(&self, method: &str, target: &str, token: Option<&str>) -> (u16, String) {
         self.asked.fetch_add(1, Ordering::SeqCst);
         if method == "POST" {
             self.posted.fetch_add(1, Ordering::SeqCst);
+            self.tokens.lock().unwrap().extend(token.map(String::from));
+            let held = self.holds_token.lock().unwrap().clone();
+            if held.is_some_and(|held| Some(held.as_str()) != token) {
+                return (401, "the pool's credential is required\n".into());
+            }
         }
         let seconds = |t: &str| {
             t.split(['?', '&'])
@@ -122,7 +132,9 @@ impl FakeWorker {
 /// context of a [`FakeCluster`] holds in place of the network. A silent worker, or an address no
 /// worker has, gives no answer within the client's timeout.
 #[derive(Default)]
-struct FakeWorkers(Mutex<BTreeMap<String, Arc<FakeWorker>>>);
+struct FakeWorkers {
+    by_address: Mutex<BTreeMap<String, Arc<FakeWorker>>>,
+}
 
 impl FakeWorkers {
     async fn answer(
@@ -130,10 +142,11 @@ impl FakeWorkers {
         method: &str,
         address: &str,
         path: &str,
+        token: Option<&str>,
     ) -> Result<(u16, String), Refused> {
-        let worker = self.0.lock().unwrap().get(address).cloned();
+        let worker = self.by_address.lock().unwrap().get(address).cloned();
         match worker.filter(|w| !w.silent.load(Ordering::SeqCst)) {
-            Some(worker) => Ok(worker.answer(method, path)),
+            Some(worker) => Ok(worker.answer(method, path, token)),
             None => {
                 tokio::time::sleep(REQUEST_TIMEOUT).await;
                 Err(Refused::Timeout)
@@ -149,7 +162,7 @@ impl WorkerHttp for FakeWorkers {
         path: &'a str,
     ) -> BoxFuture<'a, Result<String, Refused>> {
         async move {
-            match self.answer("GET", address, path).await? {
+            match self.answer("GET", address, path, None).await? {
                 (200, text) => Ok(text),
                 (status, _) => Err(Refused::Status(status)),
             }
@@ -161,8 +174,9 @@ impl WorkerHttp for FakeWorkers {
         &'a self,
         address: &'a str,
         path: &'a str,
+        token: &'a str,
     ) -> BoxFuture<'a, Result<(u16, String), Refused>> {
-        self.answer("POST", address, path).boxed()
+        self.answer("POST", address, path, Some(token)).boxed()
     }
 }
 
@@ -216,7 +230,14 @@ pub(super) fn settings() -> Settings {
         idle_workers_first: true,
         drain_timeout: Duration::from_secs(30),
         worker_reads: true,
+        credential_max_age: super::settings::DEFAULT_CREDENTIAL_MAX_AGE,
     }
+}
+
+/// The API server's answer to a read of something it does not have.
+fn not_found() -> Value {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": "not found",
+        "reason": "NotFound", "code": 404})
 }
 
 /// The in-memory API: what it keeps, and every request it got.
@@ -261,7 +282,7 @@ impl Api {
                 let name = name("pods");
                 let mut objects = pod_objects.lock().unwrap();
                 let Some(pod) = objects.get_mut(&name) else {
-                    return (404, json!({"kind": "Status", "code": 404}));
+                    return (404, not_found());
                 };
                 if let Some(cost) = body["metadata"]["annotations"][DELETION_COST].as_str() {
                     pod.metadata
@@ -278,7 +299,7 @@ impl Api {
                 (200, pool)
             }
             "POST" => (201, body),
-            _ => (404, json!({"kind": "Status", "code": 404})),
+            _ => (404, not_found()),
         }
     }
 }
@@ -362,7 +383,7 @@ impl FakeCluster {
             for i in 0..count {
                 let worker = Arc::new(FakeWorker::default());
                 let port = {
-                    let mut answering = answering.0.lock().unwrap();
+                    let mut answering = answering.by_address.lock().unwrap();
                     let port = 10_000 + answering.len();
                     answering.insert(format!("127.0.0.1:{port}"), worker.clone());
                     port

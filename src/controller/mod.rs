@@ -1,8 +1,8 @@
 //! The LanePool controller: for each watched scope its watches and queue (`watches.rs`), and one
 //! reconcile per pool (`reconcile.rs`): observe, decide, roll out, act. The modules depend one
 //! way, each only on those listed before it:
-//! - pure: `protocol`, `cut`, `settings`, `deployments` (the Deployments a pool runs),
-//!   `status`, `cached_pod`, `rollout/` (surge, drains, stand-ins, costs, takeovers), `state/`
+//! - pure: `protocol`, `cut`, `settings`, `credential` (what steers a worker), `deployments` (the
+//!   Deployments a pool runs), `status`, `cached_pod`, `rollout/` (surge, drains, stand-ins, costs, takeovers), `state/`
 //!   (what a pool carries between reconciles), `pool_index`, `triggers`;
 //! - the watch caches and the shared context: `caches`, `events`, `worker_http` (the client of
 //!   every request to a worker Pod), `context`;
@@ -16,6 +16,7 @@ mod act;
 mod cached_pod;
 mod caches;
 mod context;
+mod credential;
 mod cut;
 mod deployments;
 mod events;
@@ -50,7 +51,7 @@ pub use rollout::cost::{BUSY_COST, DRAINED_COST, IDLE_COST};
 pub use rollout::drain::DEFAULT_DRAIN_TIMEOUT;
 pub use rollout::grace::GRACE_PERIOD_TOO_SHORT;
 pub use rollout::surge::DEFAULT_SURGE_TIMEOUT;
-pub use settings::{DEFAULT_CONCURRENT_RECONCILES, MANAGER, Settings};
+pub use settings::{DEFAULT_CONCURRENT_RECONCILES, DEFAULT_CREDENTIAL_MAX_AGE, MANAGER, Settings};
 use state::pools::PoolKey;
 
 use crate::api::LanePool;

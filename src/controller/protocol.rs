@@ -12,6 +12,9 @@ pub const STARTED_METRIC: &str = "lanepool_worker_job_started_timestamp_seconds"
 pub const DRAINING_METRIC: &str = "lanepool_worker_draining";
 /// The gauge a worker sets to 1 while a stand-in request has it take other lanes than its own.
 pub const STANDING_IN_METRIC: &str = "lanepool_worker_standing_in";
+/// The gauge a worker sets to 1 when it takes drain and stand-in requests only with the pool's
+/// credential: without it, a worker's image predates the credential and anyone may steer it.
+pub const CREDENTIAL_METRIC: &str = "lanepool_worker_credential_required";
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
 /// The readiness gate of the workers of a pool whose template serves a `metrics` port: the

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -24,8 +25,11 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::act::credential as act_credential;
 use super::act::{apply, drain, rank, report, stand_in, takeover};
 use super::context::Context;
+use super::credential::WorkerCredential;
+use super::observe::credential as observe_credential;
 use super::observe::deployments as observe_deployments;
 use super::observe::work::{LastMeasured, Observed};
 use super::observe::{autoscalers, measure, reads};
@@ -171,6 +175,8 @@ impl Walk<'_> {
         if let Some(growth) = &rollout.growth {
             deployments.apply(growth).await?;
         }
+        // Act: the credential the workers are steered with, made or rotated when due.
+        pods.steer_with(self.credential(memory).await);
         // Act: the stand-ins, the drains and the readiness gates, each worker read once; then
         // roll out the second half (what goes out now that the drains answered) and rank the
         // Pods of what shrinks now, idle workers first. The last measurement is lent to these
@@ -195,6 +201,12 @@ impl Walk<'_> {
         // Act: apply the rest; remove what no lane runs once its workers may go.
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
+        if pods.refused_credential.load(Ordering::Relaxed) {
+            memory.credential.doubt();
+        }
+        if let Some(unchecked) = pods.unchecked_workers() {
+            memory.unchecked_workers = Some(unchecked);
+        }
         let running = release.replicas.clone();
         memory.rolled_out(release, generation);
         // Act: report, with what runs beside what was decided.
@@ -209,6 +221,19 @@ impl Walk<'_> {
         }
         // Requeue.
         Ok(memory.requeue_after(period, ctx.settings.surge_timeout, now))
+    }
+
+    /// The credential the pool's drain and stand-in requests carry: read once per process (an
+    /// observation, taken here rather than at the start so the growth goes out first), made or
+    /// rotated when due. Only for a template with a `metrics` port (no other is asked
+    /// anything); `None` when the pool has none (its shrinks that need a drain wait).
+    async fn credential(&self, memory: &mut PoolMemory) -> Option<WorkerCredential> {
+        let (pool, ctx) = (self.pool, self.ctx);
+        if !deployments::serves_metrics(pool.spec.template.spec.as_ref()) {
+            return None;
+        }
+        observe_credential::read(pool, ctx, &mut memory.credential).await;
+        act_credential::keep(pool, ctx, &mut memory.credential).await
     }
 
     /// The pool's Deployments, from the watch cache: its own by name (those of removed lanes
@@ -374,6 +399,9 @@ impl Walk<'_> {
         status::workers_cannot_start(&mut conditions, &pods.cannot_start(), pods.workers().len());
         let grace = grace::grace_seconds(pool);
         conditions.push(grace::grace_condition(grace, &memory.job_seconds));
+        let problem = memory.credential.problem.as_deref();
+        let unchecked = memory.unchecked_workers.as_deref();
+        conditions.extend(status::credential_condition(problem, unchecked));
         let refresh = memory
             .status_written
             .is_none_or(|at| self.now.saturating_sub(at) >= STATUS_REFRESH);

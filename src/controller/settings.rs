@@ -31,7 +31,13 @@ pub struct Settings {
     /// Read each measured pool's workers' own finished-job counts at their port named `metrics`
     /// (`lanepool_job_duration_seconds_count`), so the reserve follows a rate seconds old.
     pub worker_reads: bool,
+    /// How old a pool's worker credential may get before the operator makes a new one; zero:
+    /// only when the pool asks (`lanepool.dev/rotate-credential`).
+    pub credential_max_age: Duration,
 }
+
+/// The operator's default `--credential-max-age`: 30 days.
+pub const DEFAULT_CREDENTIAL_MAX_AGE: Duration = Duration::from_secs(30 * 86_400);
 
 /// The operator's default limit on pools reconciled at once (`--concurrent-reconciles`).
 pub const DEFAULT_CONCURRENT_RECONCILES: u16 = 32;

@@ -17,6 +17,8 @@ pub const SCALING_LIMITED: &str = "ScalingLimited";
 /// plus shared.minReplicas and the reserves were cut.
 pub const BELOW_RESERVES: &str = "TotalBelowReserves";
 pub const PAUSED: &str = "Paused";
+/// Whether only the operator can steer the pool's workers (see [`credential_condition`]).
+pub const WORKER_CREDENTIAL: &str = "WorkerCredential";
 /// The Warning event when `Ready` turns False because workers cannot start.
 pub const WORKERS_CANNOT_START: &str = "WorkersCannotStart";
 
@@ -130,6 +132,50 @@ pub fn decision_conditions(decision: &Decision, hpa: Option<String>) -> Vec<Cond
         limited,
         ConditionState::new(PAUSED, false, "Running", "the operator manages this pool"),
     ]
+}
+
+/// Whether only the operator can steer the pool's workers: False with `NoCredential` when the
+/// pool has no credential to send (`problem`), or with `NotChecked` naming the workers that last
+/// answered `/metrics` without saying they check it (an image that predates the credential: they
+/// are still drained, so no job is cut short, but anyone who reaches them may steer them too).
+/// `None` while no worker has answered and nothing went wrong: there is nothing to say yet.
+pub fn credential_condition(
+    problem: Option<&str>,
+    unchecked: Option<&[String]>,
+) -> Option<ConditionState> {
+    if let Some(problem) = problem {
+        return Some(ConditionState::new(
+            WORKER_CREDENTIAL,
+            false,
+            "NoCredential",
+            format!("{problem}; shrinks that drain workers wait"),
+        ));
+    }
+    let unchecked = unchecked?;
+    if unchecked.is_empty() {
+        return Some(ConditionState::new(
+            WORKER_CREDENTIAL,
+            true,
+            "Checked",
+            "every worker that answered takes drain and stand-in requests only with the pool's \
+             credential",
+        ));
+    }
+    const NAMED: usize = 3;
+    let mut names = unchecked[..unchecked.len().min(NAMED)].join(", ");
+    if unchecked.len() > NAMED {
+        names.push_str(&format!(" and {} more", unchecked.len() - NAMED));
+    }
+    Some(ConditionState::new(
+        WORKER_CREDENTIAL,
+        false,
+        "NotChecked",
+        format!(
+            "{names}: their image does not check the pool's credential \
+             (no lanepool_worker_credential_required 1), so any Pod that reaches them may drain \
+             or re-point them; they are still drained before a shrink; update the image"
+        ),
+    ))
 }
 
 /// `Ready` turned False when some of the pool's `workers` cannot start (`stuck`: each one's
@@ -290,6 +336,29 @@ pub fn scale_note(lane: &LaneDecision, from: Option<i32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_whose_image_predates_the_credential_are_named_in_the_status() {
+        assert_eq!(credential_condition(None, None), None);
+        let checked = credential_condition(None, Some(&[])).unwrap();
+        assert!(checked.status);
+        let old: Vec<String> = (1..=5).map(|i| format!("jobs-shared-{i}")).collect();
+        let unchecked = credential_condition(None, Some(&old)).unwrap();
+        assert!(!unchecked.status);
+        assert_eq!(unchecked.reason, "NotChecked");
+        assert!(
+            unchecked
+                .message
+                .starts_with("jobs-shared-1, jobs-shared-2, jobs-shared-3 and 2 more: "),
+            "{}",
+            unchecked.message
+        );
+        let none = credential_condition(
+            Some("Secret jobs-worker-credential could not be read"),
+            None,
+        );
+        assert_eq!(none.unwrap().reason, "NoCredential");
+    }
 
     #[test]
     fn workers_that_cannot_start_turn_ready_false_with_the_first_reason() {

@@ -46,6 +46,10 @@ pub(crate) enum Refused {
     NotLeader,
     #[error("no container port named metrics")]
     NoMetricsPort,
+    #[error("answered 401: the worker does not hold the pool's credential")]
+    Unauthorized,
+    #[error("the pool's worker credential is not known yet")]
+    NoCredential,
 }
 
 impl Refused {
@@ -54,9 +58,15 @@ impl Refused {
     /// other refusals are the worker's own answer: it does not take the request.
     pub(crate) fn unknown(&self) -> bool {
         match self {
-            Self::Http(_) | Self::Timeout | Self::OutOfTime | Self::NoClient | Self::NotLeader => {
-                true
-            }
+            // A worker that answers 401 holds another token (a Secret not yet refreshed in its
+            // volume): what it is doing is as unknown as a silent one's, never a refusal.
+            Self::Http(_)
+            | Self::Timeout
+            | Self::OutOfTime
+            | Self::NoClient
+            | Self::NotLeader
+            | Self::Unauthorized
+            | Self::NoCredential => true,
             Self::Status(status) => *status >= 500,
             Self::Redirect { .. }
             | Self::TooLong
@@ -79,7 +89,9 @@ impl Refused {
             | Self::OutOfTime
             | Self::NoClient
             | Self::NotLeader
-            | Self::NoMetricsPort => None,
+            | Self::NoMetricsPort
+            | Self::Unauthorized
+            | Self::NoCredential => None,
         }
     }
 }
@@ -112,11 +124,13 @@ pub(crate) trait WorkerHttp: Send + Sync {
     fn get<'a>(&'a self, address: &'a str, path: &'a str)
     -> BoxFuture<'a, Result<String, Refused>>;
 
-    /// `POST http://{address}{path}`: the status and text of any answer but a redirect.
+    /// `POST http://{address}{path}` with `Authorization: Bearer {token}`: the status and text
+    /// of any answer but a redirect.
     fn post<'a>(
         &'a self,
         address: &'a str,
         path: &'a str,
+        token: &'a str,
     ) -> BoxFuture<'a, Result<(u16, String), Refused>>;
 }
 
@@ -136,8 +150,9 @@ impl WorkerHttp for Reqwest {
         &'a self,
         address: &'a str,
         path: &'a str,
+        token: &'a str,
     ) -> BoxFuture<'a, Result<(u16, String), Refused>> {
-        post(address, path).boxed()
+        post(address, path, token).boxed()
     }
 }
 
@@ -154,10 +169,12 @@ async fn get(address: &str, path: &str) -> Result<String, Refused> {
     }
 }
 
-/// `POST http://{address}{path}`: the status and text of any answer but a redirect.
-async fn post(address: &str, path: &str) -> Result<(u16, String), Refused> {
+/// `POST http://{address}{path}` with the pool's token: the status and text of any answer but a
+/// redirect (never followed: the token goes to the Pod's own address and nowhere else).
+async fn post(address: &str, path: &str, token: &str) -> Result<(u16, String), Refused> {
     let response = client()?
         .post(format!("http://{address}{path}"))
+        .bearer_auth(token)
         .send()
         .await
         .map_err(not_sent)?;
@@ -313,7 +330,7 @@ mod tests {
             let (address, _) = server(head, "", Some(0)).await;
             let got = get(&address, "/metrics").await;
             assert!(matches!(got, Err(Refused::Redirect { .. })), "{got:?}");
-            let posted = post(&address, "/drain?seconds=5").await;
+            let posted = post(&address, "/drain?seconds=5", "token").await;
             assert!(
                 matches!(posted, Err(Refused::Redirect { .. })),
                 "{posted:?}"

@@ -46,6 +46,7 @@ impl InProcessOperator {
             idle_workers_first: true,
             worker_reads: true,
             drain_timeout: lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+            credential_max_age: lanepool::controller::DEFAULT_CREDENTIAL_MAX_AGE,
         }
     }
 

@@ -3,6 +3,8 @@
 //! of the pool's Pods (the deletion costs of `drain.rs` and `rank.rs`, the readiness gates of
 //! `takeover.rs`) through the context's fenced, bounded write.
 
+use std::sync::atomic::Ordering;
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -49,7 +51,7 @@ impl PoolPods<'_> {
                             if !self.ctx.may_write() {
                                 return Err(Refused::NotLeader);
                             }
-                            self.ctx.worker_http.post(address, &path).await
+                            self.post_with_credential(address, &path).await
                         };
                         self.ctx
                             .ask_worker(&self.ctx.pod_posts, &self.own_post, deadline, send)
@@ -65,6 +67,25 @@ impl PoolPods<'_> {
             .buffer_unordered(REQUESTS_IN_FLIGHT)
             .collect()
             .await
+    }
+
+    /// One request with the pool's credential: the current token, then (to a worker that answers
+    /// 401, its Secret's file not refreshed yet) the one before a recent rotation. A 401 to every
+    /// token is [`Refused::Unauthorized`]: the worker's state is unknown, never a refusal.
+    async fn post_with_credential(
+        &self,
+        address: &str,
+        path: &str,
+    ) -> Result<(u16, String), Refused> {
+        let credential = self.credential.get().ok_or(Refused::NoCredential)?;
+        for token in credential.tokens() {
+            match self.ctx.worker_http.post(address, path, token).await? {
+                (401, _) => continue,
+                answer => return Ok(answer),
+            }
+        }
+        self.refused_credential.store(true, Ordering::Relaxed);
+        Err(Refused::Unauthorized)
     }
 
     /// Sets each named worker's deletion cost (a merge patch of that one annotation: a Pod is

@@ -5,6 +5,7 @@
 //! the Pod patches `act/requests.rs`.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -12,9 +13,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 
 use super::owners::{Owners, PoolDeployments, pool_deployments};
+use super::text::gauge_values;
 use super::worker::Worker;
 use crate::api::LanePool;
 use crate::controller::context::{Context, POD_REQUESTS_IN_FLIGHT};
+use crate::controller::credential::WorkerCredential;
+use crate::controller::protocol::CREDENTIAL_METRIC;
 use crate::controller::settings::measure_deadline;
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
@@ -37,6 +41,10 @@ pub(in crate::controller) struct PoolPods<'a> {
     /// those, this pool's requests go out, one at a time at worst.
     pub(in crate::controller) own_read: tokio::sync::Semaphore,
     pub(in crate::controller) own_post: tokio::sync::Semaphore,
+    /// The credential the drain and stand-in requests carry, once known (unset: none is sent).
+    pub(in crate::controller) credential: OnceLock<WorkerCredential>,
+    /// Whether a worker answered 401 to every token known: the Secret is read again.
+    pub(in crate::controller) refused_credential: AtomicBool,
 }
 
 impl<'a> PoolPods<'a> {
@@ -58,6 +66,15 @@ impl<'a> PoolPods<'a> {
             texts: Mutex::default(),
             own_read: tokio::sync::Semaphore::new(1),
             own_post: tokio::sync::Semaphore::new(1),
+            credential: OnceLock::new(),
+            refused_credential: AtomicBool::new(false),
+        }
+    }
+
+    /// Steers these Pods with `credential` from now on (the first one given is kept).
+    pub(in crate::controller) fn steer_with(&self, credential: Option<WorkerCredential>) {
+        if let Some(credential) = credential {
+            let _ = self.credential.set(credential);
         }
     }
 
@@ -103,6 +120,23 @@ impl<'a> PoolPods<'a> {
             .collect();
         stuck.sort();
         stuck
+    }
+
+    /// Of the workers that answered `/metrics` in this reconcile, those that do not say they take
+    /// requests only with the credential, by name; `None` when none answered.
+    pub(in crate::controller) fn unchecked_workers(&self) -> Option<Vec<String>> {
+        let texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut answered = texts
+            .iter()
+            .filter_map(|(name, text)| Some((name, text.as_ref()?)))
+            .peekable();
+        answered.peek()?;
+        let mut unchecked: Vec<String> = answered
+            .filter(|(_, t)| !gauge_values(&t.text, CREDENTIAL_METRIC).contains(&1.0))
+            .map(|(name, _)| name.clone())
+            .collect();
+        unchecked.sort();
+        Some(unchecked)
     }
 
     /// The live workers of the pool's Deployment `deployment`.

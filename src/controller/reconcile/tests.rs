@@ -42,6 +42,91 @@ mod whole {
         cluster
     }
 
+    /// The token of the credential Secret the operator created in `requests`.
+    fn created_token(requests: &[crate::controller::fake::Request]) -> Vec<String> {
+        use base64::Engine;
+        requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.contains("/secrets"))
+            .map(|r| {
+                let data = r.body["data"]["token"].as_str().unwrap_or_default();
+                let token = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap();
+                String::from_utf8(token).unwrap()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn every_drain_carries_the_pools_credential_made_once_after_the_growth() {
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.reconcile().await;
+        let requests = cluster.take_requests();
+        let writes: Vec<_> = requests.iter().filter(|r| r.writes()).collect();
+        assert_eq!(
+            writes[0].applies(RESERVED),
+            Some(2),
+            "growth first: {writes:?}"
+        );
+        let token = created_token(&requests);
+        assert_eq!(token.len(), 1, "one Secret: {requests:?}");
+        let secret = requests
+            .iter()
+            .find(|r| r.path.contains("/secrets") && r.writes());
+        let owner = &secret.unwrap().body["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (owner["kind"].as_str(), owner["controller"].as_bool()),
+            (Some("LanePool"), Some(true))
+        );
+        cluster.ready(RESERVED, 2);
+        for _ in 0..3 {
+            cluster.reconcile().await;
+        }
+        let drained = cluster.draining(SHARED);
+        assert_eq!(drained.len(), 1, "{drained:?}");
+        let sent = cluster.worker(&drained[0]).tokens.lock().unwrap().clone();
+        assert!(
+            !sent.is_empty() && sent.iter().all(|t| *t == token[0]),
+            "{sent:?}"
+        );
+        assert!(
+            created_token(&cluster.take_requests()).is_empty(),
+            "the Secret is made once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_refuses_the_credential_is_unknown_and_holds_the_shrink() {
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.reconcile().await;
+        cluster.ready(RESERVED, 2);
+        // Every shared worker holds a token the operator never made (its Secret was replaced
+        // behind the operator's back): each answers 401, and is idle.
+        for (pod, worker) in &cluster.workers {
+            if pod.starts_with(SHARED) {
+                *worker.holds_token.lock().unwrap() = Some("f".repeat(64));
+                worker.busy.store(false, Ordering::SeqCst);
+            }
+        }
+        cluster.take_requests();
+        let mut secret_read = 0;
+        for _ in 0..4 {
+            cluster.reconcile().await;
+            let requests = cluster.take_requests();
+            assert!(
+                requests.iter().all(|r| r.applies(SHARED).is_none()),
+                "a 401 is no refusal: the shrink holds, as for a worker not heard from: {requests:?}"
+            );
+            secret_read += requests
+                .iter()
+                .filter(|r| r.method == "GET" && r.path.contains("/secrets/"))
+                .count();
+        }
+        assert!(cluster.draining(SHARED).is_empty());
+        assert!(secret_read >= 1, "the Secret is read again after a 401");
+    }
+
     /// Says the pool's status was last written this process's start, Ready, as after a decision.
     fn shown_ready(cluster: &FakeCluster) {
         use crate::controller::status::{self, ConditionState};

@@ -13,6 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 
+use super::credential::CredentialMemory;
 use super::deployments::{Role, pool_roles, spec_replicas};
 use super::rollout::drain::{self, Drain};
 use super::rollout::stand_in::StandIns;
@@ -66,6 +67,12 @@ pub(super) struct PoolMemory {
     /// Whether this process has read which workers still drain or stand in for an earlier
     /// leader (`observe/work.rs`, `rollout/inherited.rs`): once, at its first reconcile of the pool.
     pub(super) inherited_read: bool,
+    /// The workers' credential, as this process knows it.
+    pub(super) credential: CredentialMemory,
+    /// The pool's workers that last answered `/metrics` without
+    /// `lanepool_worker_credential_required 1` (an image that predates the credential), by name;
+    /// `None` before any worker answered.
+    pub(super) unchecked_workers: Option<Vec<String>>,
 }
 
 /// How old the measurements in a status may get while they stay within their tolerance.
