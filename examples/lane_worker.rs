@@ -41,12 +41,26 @@
 //! these lanes, in this order, instead of `LANEPOOL_LANES`, then from its own again. When workers
 //! move between roles, the new Pods take a pod start to be ready; meanwhile the workers a shrink
 //! will stop stand in for them (shared workers take only `urgent` while the urgent lane's reserve
-//! grows), and are drained once the new Pods are ready. The request itself takes any lanes. A new
-//! request replaces the last one, `seconds=0` ends it at once, a drain ends it (calling that drain
-//! off brings back the worker's own lanes), and one the operator forgets lapses by itself. The job
-//! in hand is finished first; a wait for a job ends at once, so the next take asks for the new
-//! lanes. It answers with its gauges, `lanepool_worker_standing_in 1` among them (0 after
-//! `seconds=0`).
+//! grows), and are drained once the new Pods are ready. The request may name only the worker's own
+//! lanes (`LANEPOOL_LANES`, in any order and any part of them): any other lane is refused with
+//! `403`, naming it, so whoever can reach the port cannot turn a worker onto a lane it was never
+//! given. A new request replaces the last one, `seconds=0` ends it at once, a drain ends it
+//! (calling that drain off brings back the worker's own lanes), and one the operator forgets
+//! lapses by itself. The job in hand is finished first; a wait for a job ends at once, so the next
+//! take asks for the new lanes. It answers with its gauges, `lanepool_worker_standing_in 1` among
+//! them (0 after `seconds=0`).
+//!
+//! Only the operator may steer a worker: every `POST` (drain, stand-in, any path) must carry
+//! `Authorization: Bearer <token>`, the pool's credential, which the operator mounts from its
+//! Secret at the file named by `LANEPOOL_CREDENTIAL_FILE`. The worker reads that file at each
+//! `POST` (the kubelet rewrites it when the operator rotates the credential, with no restart) and
+//! compares in constant time. Anything else (no header, another scheme, a wrong token, no
+//! variable, a missing, unreadable or empty file) gets `401` with `WWW-Authenticate: Bearer
+//! realm="lanepool"` and changes nothing, before the path or query is even looked at.
+//! `GET /metrics` stays open and never shows the token; its `lanepool_worker_credential_required
+//! 1` tells the operator that this worker checks the credential. The port serves at most 64
+//! connections at once (one past that is closed at once), each for at most a few seconds, and a
+//! request head of at most 4 KiB.
 //!
 //! It also exports `lanepool_job_duration_seconds`, its own count and sum of the jobs it finished
 //! per lane: the operator reads the count there each interval, so the reserve follows the lane's
@@ -55,21 +69,26 @@
 //! submission count and queue depth to the producer and the queue.
 //!
 //!     LANEPOOL_LANES=urgent,batch LANEPOOL_ROLE=shared LANEPOOL_POOL=jobs \
-//!     LANEPOOL_QUEUE_URL=http://127.0.0.1:9464 cargo run --example lane_worker
+//!     LANEPOOL_QUEUE_URL=http://127.0.0.1:9464 \
+//!     LANEPOOL_METRICS_ADDR=127.0.0.1:9100 LANEPOOL_CREDENTIAL_FILE=/tmp/token \
+//!     cargo run --example lane_worker
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 const LANES_ENV: &str = "LANEPOOL_LANES";
 const ROLE_ENV: &str = "LANEPOOL_ROLE";
 const POOL_ENV: &str = "LANEPOOL_POOL";
 const QUEUE_URL_ENV: &str = "LANEPOOL_QUEUE_URL";
 const METRICS_ADDR_ENV: &str = "LANEPOOL_METRICS_ADDR";
+/// The file holding the pool's credential, mounted by the operator from its Secret.
+const CREDENTIAL_FILE_ENV: &str = "LANEPOOL_CREDENTIAL_FILE";
 
 /// Longest the worker waits for any answer; the queue's long poll is about 1 s.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -82,6 +101,23 @@ const LONGEST_DRAIN: Duration = Duration::from_secs(3600);
 const MOST_STAND_IN_LANES: usize = 16;
 /// The longest request head the metrics port reads: a stand-in's 16 lanes of 63 bytes fit.
 const LONGEST_REQUEST_HEAD: usize = 4096;
+/// How long a connection to the metrics port may take to send its request head: one that sends
+/// nothing holds a connection slot no longer.
+const HEAD_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a connection to the metrics port may last in all, answer included: a caller that
+/// never reads its answer cannot keep its slot either.
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
+/// The most connections the metrics port serves at once: each holds a file descriptor and a task,
+/// so a flood of idle connections must not exhaust either. One past the cap is closed at once.
+const MOST_CONNECTIONS: usize = 64;
+/// The pause after a failed accept (out of file descriptors, say): the listener stays readable
+/// while the cause lasts, and trying again at once would spin a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// The most of the credential file read: the operator's token is 64 bytes, and a file longer than
+/// this is no credential (nor worth reading whole at every request).
+const LONGEST_CREDENTIAL: usize = 4096;
+/// The one-line body of every 401: it says nothing about what was wrong with the request.
+const UNAUTHENTICATED: &str = "this worker takes POST requests only with its pool's credential\n";
 /// What the metrics port answers to a bad drain request.
 const DRAIN_USAGE: &str = "POST /drain?seconds=N (0 to 3600) stops taking jobs for N seconds\n";
 /// With [`DRAIN_USAGE`], what the metrics port answers to a path it does not know.
@@ -256,25 +292,28 @@ async fn main() -> ExitCode {
     // The operator's drain and stand-in requests. The sender lives as long as the worker, so
     // `changed()` only ever wakes for a new request.
     let (requests, mut asked) = watch::channel(Requests::default());
-    let requests = Arc::new(requests);
-    if let Ok(addr) = std::env::var(METRICS_ADDR_ENV)
-        && !addr.is_empty()
-    {
-        match tokio::net::TcpListener::bind(&addr).await {
+    let port = Arc::new(MetricsPort {
+        busy: busy.clone(),
+        finished: finished.clone(),
+        requests,
+        own_lanes: config.lanes.clone(),
+        credential_file: std::env::var_os(CREDENTIAL_FILE_ENV)
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from),
+    });
+    let serving = match std::env::var(METRICS_ADDR_ENV) {
+        Ok(addr) if !addr.is_empty() => match tokio::net::TcpListener::bind(&addr).await {
             Ok(listener) => {
-                tokio::spawn(serve_metrics(
-                    listener,
-                    busy.clone(),
-                    finished.clone(),
-                    requests.clone(),
-                ));
+                tokio::spawn(serve_metrics(listener, port.clone()));
+                true
             }
             Err(e) => {
                 eprintln!("lane_worker: error: {METRICS_ADDR_ENV}={addr}: {e}");
                 return ExitCode::FAILURE;
             }
-        }
-    }
+        },
+        _ => false,
+    };
     println!(
         "{}: {} worker of pool {}, lanes {} (in this order), queue http://{}",
         config.name,
@@ -283,6 +322,15 @@ async fn main() -> ExitCode {
         config.lanes.join(","),
         config.queue
     );
+    // Without the credential every POST is refused: said once, so that a pool whose workers never
+    // drain or stand in shows why. (A worker without a metrics port takes no requests at all.)
+    if serving && port.credential_file.is_none() {
+        println!(
+            "{}: {CREDENTIAL_FILE_ENV} is not set: drain and stand-in requests are refused \
+             (no credential)",
+            config.name
+        );
+    }
     let mut queue = Queue::new(&config.queue);
 
     let mut was_draining = false;
@@ -453,76 +501,235 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Serves `lanepool_worker_busy`, `lanepool_worker_job_started_timestamp_seconds`,
-/// `lanepool_worker_draining`, `lanepool_worker_standing_in` and `lanepool_job_duration_seconds`
-/// on every GET, and takes drain requests (`POST /drain?seconds=N`) and stand-in requests
-/// (`POST /stand-in?lanes=L1,L2&seconds=N`), answered with the same gauges: the pod's namespace,
-/// pool and name come from Prometheus's target labels (or, to the operator asking the Pod
-/// itself, from the Pod), not from the worker.
-async fn serve_metrics(
-    listener: tokio::net::TcpListener,
+/// What the metrics port reads and changes, shared by its connections.
+struct MetricsPort {
+    /// The lane of the job in hand and when it started (Unix seconds); `None` while waiting.
     busy: Arc<Mutex<Option<(String, f64)>>>,
     finished: Arc<Mutex<Finished>>,
-    requests: Arc<watch::Sender<Requests>>,
-) {
+    /// The operator's drain and stand-in requests, read by the worker's loop.
+    requests: watch::Sender<Requests>,
+    /// `LANEPOOL_LANES`: the only lanes a stand-in may name.
+    own_lanes: Vec<String>,
+    /// `LANEPOOL_CREDENTIAL_FILE`; `None`: every POST is refused.
+    credential_file: Option<PathBuf>,
+}
+
+impl MetricsPort {
+    /// `lanepool_worker_busy` and the other gauges, then `lanepool_job_duration_seconds`.
+    fn gauges(&self) -> String {
+        let now = Instant::now();
+        let (draining, standing_in) = {
+            let current = self.requests.borrow();
+            (
+                current.draining(now).is_some(),
+                current.standing_in(now).is_some(),
+            )
+        };
+        let mut text = gauges(lock(&self.busy).as_ref(), draining, standing_in);
+        text.push_str(&job_durations(&lock(&self.finished)));
+        text
+    }
+}
+
+/// Serves `lanepool_worker_busy`, `lanepool_worker_job_started_timestamp_seconds`,
+/// `lanepool_worker_draining`, `lanepool_worker_standing_in`,
+/// `lanepool_worker_credential_required` and `lanepool_job_duration_seconds` on every GET, and
+/// takes drain requests (`POST /drain?seconds=N`) and stand-in requests
+/// (`POST /stand-in?lanes=L1,L2&seconds=N`) that carry the pool's credential, answered with the
+/// same gauges: the pod's namespace, pool and name come from Prometheus's target labels (or, to
+/// the operator asking the Pod itself, from the Pod), not from the worker.
+async fn serve_metrics(listener: tokio::net::TcpListener, port: Arc<MetricsPort>) {
+    let slots = Arc::new(Semaphore::new(MOST_CONNECTIONS));
+    let mut accept_failing = false;
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                accept_failing = false;
+                stream
+            }
+            Err(e) => {
+                // Said once per run of failures: out of descriptors, it fails 20 times a second.
+                if !accept_failing {
+                    eprintln!("lane_worker: metrics port: accepting connections: {e}");
+                }
+                accept_failing = true;
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        // Past the cap the connection is closed unread: queueing it would hold its descriptor
+        // for as long as the flood lasts. The operator retries a request that got no answer.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
             continue;
         };
-        let busy = busy.clone();
-        let finished = finished.clone();
-        let requests = requests.clone();
+        let port = port.clone();
         tokio::spawn(async move {
-            // The request head, which may come in several pieces (up to 4 KiB, for 2 s).
-            let mut request = vec![0u8; LONGEST_REQUEST_HEAD];
-            let mut read = 0;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-            while read < request.len() && !request[..read].windows(4).any(|w| w == b"\r\n\r\n") {
-                match tokio::time::timeout_at(deadline, stream.read(&mut request[read..])).await {
-                    Ok(Ok(n)) if n > 0 => read += n,
-                    _ => break,
-                }
-            }
-            let head = String::from_utf8_lossy(&request[..read]);
-            let answer = match head.split_once('\n') {
-                Some((line, _)) => follow_request(line, &requests),
-                // A request cut short could name fewer lanes than were sent.
-                None => Err((
-                    "400 Bad Request",
-                    "the request line is incomplete or longer than 4 KiB\n".to_string(),
-                )),
-            };
-            let (status, body) = match answer {
-                Ok(()) => {
-                    let now = Instant::now();
-                    let (draining, standing_in) = {
-                        let current = requests.borrow();
-                        (
-                            current.draining(now).is_some(),
-                            current.standing_in(now).is_some(),
-                        )
-                    };
-                    let mut text = gauges(lock(&busy).as_ref(), draining, standing_in);
-                    text.push_str(&job_durations(&lock(&finished)));
-                    ("200 OK", text)
-                }
-                Err(refused) => refused,
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
+            let _ =
+                tokio::time::timeout(CONNECTION_DEADLINE, answer_connection(stream, &port)).await;
+            drop(slot);
         });
     }
 }
 
-/// Acts on a request line: a drain or stand-in request changes `requests`, any GET only reads.
-/// `Err`: the status and body to answer instead of the gauges.
+/// Reads one request from `stream`, follows it, answers it, and closes the connection.
+async fn answer_connection(mut stream: TcpStream, port: &MetricsPort) {
+    let head = request_head(&mut stream).await;
+    let response = match answer(&head, port).await {
+        Ok(()) => http_response("200 OK", "", &port.gauges()),
+        Err(Refusal::Unauthenticated) => http_response(
+            "401 Unauthorized",
+            "WWW-Authenticate: Bearer realm=\"lanepool\"\r\n",
+            UNAUTHENTICATED,
+        ),
+        Err(Refusal::Invalid(status, body)) => http_response(status, "", &body),
+    };
+    let _ = stream.write_all(response.as_bytes()).await;
+}
+
+/// The request head, which may come in several pieces: up to [`LONGEST_REQUEST_HEAD`] bytes, for
+/// up to [`HEAD_DEADLINE`]; what came by then (possibly nothing) when either runs out.
+async fn request_head(stream: &mut TcpStream) -> Vec<u8> {
+    let mut head = vec![0u8; LONGEST_REQUEST_HEAD];
+    let mut read = 0;
+    let deadline = tokio::time::Instant::now() + HEAD_DEADLINE;
+    while read < head.len() && !head[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout_at(deadline, stream.read(&mut head[read..])).await {
+            Ok(Ok(n)) if n > 0 => read += n,
+            _ => break,
+        }
+    }
+    head.truncate(read);
+    head
+}
+
+/// Why a request is answered without the gauges.
+enum Refusal {
+    /// `401`: a POST without this pool's credential. Which part was wrong is never said.
+    Unauthenticated,
+    /// Any other status, with a one-line body that names what is wrong.
+    Invalid(&'static str, String),
+}
+
+/// Authenticates a POST, then follows the request. Authentication comes first: a caller without
+/// the credential learns nothing about which paths and queries the worker would take.
+async fn answer(head: &[u8], port: &MetricsPort) -> Result<(), Refusal> {
+    let text = String::from_utf8_lossy(head);
+    let request_line = text.split_once('\n').map(|(line, _)| line);
+    let method = request_line
+        .unwrap_or(&text)
+        .split_whitespace()
+        .next()
+        .unwrap_or("");
+    if method == "POST" && !authenticated(head, port.credential_file.as_deref()).await {
+        return Err(Refusal::Unauthenticated);
+    }
+    // A request cut short could name fewer lanes than were sent.
+    let line = request_line.ok_or_else(|| {
+        Refusal::Invalid(
+            "400 Bad Request",
+            "the request line is incomplete or longer than 4 KiB\n".to_string(),
+        )
+    })?;
+    follow_request(line, &port.requests, &port.own_lanes)
+        .map_err(|(status, body)| Refusal::Invalid(status, body))
+}
+
+/// Whether the request head carries `Authorization: Bearer <token>` with the token the
+/// credential file holds now. No file named, or none to read: nothing is authenticated.
+async fn authenticated(head: &[u8], credential_file: Option<&Path>) -> bool {
+    let (Some(token), Some(file)) = (bearer_token(head), credential_file) else {
+        return false;
+    };
+    match current_credential(file.to_path_buf()).await {
+        Some(credential) => same_secret(token, &credential),
+        None => false,
+    }
+}
+
+/// The token of the head's `Authorization: Bearer` header. `None`: no such header, another
+/// scheme (`Basic`…), no token, or more than one `Authorization` header (which one to believe?).
+fn bearer_token(head: &[u8]) -> Option<&[u8]> {
+    let mut authorizations = header_fields(head)
+        .filter(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
+        .map(|(_, value)| value);
+    let value = authorizations.next()?;
+    if authorizations.next().is_some() {
+        return None;
+    }
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, token) = (&value[..space], value[space..].trim_ascii());
+    // The scheme is case-insensitive (RFC 9110), the token is not.
+    (scheme.eq_ignore_ascii_case(b"bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The head's header fields as (name, value without the surrounding whitespace), up to the blank
+/// line that ends the head; a field's name is matched without regard to case by the caller.
+fn header_fields(head: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    head.split(|&b| b == b'\n')
+        .skip(1)
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| {
+            let colon = line.iter().position(|&b| b == b':')?;
+            Some((&line[..colon], line[colon + 1..].trim_ascii()))
+        })
+}
+
+/// The credential as the file holds it now, without trailing whitespace (a file written by hand
+/// ends with a newline). Read at every POST, never kept: the kubelet rewrites the file in place
+/// when the operator rotates the Secret, and the new token must count at once. `None`: the file
+/// is missing, unreadable, empty or longer than [`LONGEST_CREDENTIAL`].
+async fn current_credential(file: PathBuf) -> Option<Vec<u8>> {
+    // On the blocking pool: a slow volume must not stall the port's other connections.
+    let read = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut content = Vec::new();
+        std::fs::File::open(&file)
+            .ok()?
+            .take(LONGEST_CREDENTIAL as u64 + 1)
+            .read_to_end(&mut content)
+            .ok()?;
+        Some(content)
+    });
+    let content = read.await.ok().flatten()?;
+    let credential = content.trim_ascii_end();
+    (!credential.is_empty() && content.len() <= LONGEST_CREDENTIAL).then(|| credential.to_vec())
+}
+
+/// Whether `given` and `expected` are the same bytes, in a time that depends only on their
+/// length: every byte pair is compared, with no early exit, so the time an answer takes tells a
+/// caller nothing about how much of its guess was right. A length that differs is simply unequal
+/// (the operator's tokens all have the same length).
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    let difference = given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |difference, (a, b)| difference | (a ^ b));
+    // Keeps the optimiser from turning the fold back into a comparison that stops early.
+    std::hint::black_box(difference) == 0
+}
+
+/// An HTTP/1.1 answer that closes the connection; `headers`: more header lines, each ending in
+/// CRLF.
+fn http_response(status: &str, headers: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n{headers}\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Acts on a request line (a POST's only once it is authenticated): a drain or stand-in request
+/// changes `requests`, any GET only reads. `Err`: the status and body to answer instead of the
+/// gauges.
 fn follow_request(
     line: &str,
     requests: &watch::Sender<Requests>,
+    own_lanes: &[String],
 ) -> Result<(), (&'static str, String)> {
     let mut words = line.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
@@ -545,6 +752,9 @@ fn follow_request(
     if let Some(stand_in) = stand_in_request(target) {
         let (lanes, seconds) = stand_in
             .map_err(|reason| ("400 Bad Request", format!("POST /stand-in: {reason}\n")))?;
+        if let Some(foreign) = lanes.iter().find(|lane| !own_lanes.contains(lane)) {
+            return Err(("403 Forbidden", not_own_lane(foreign, own_lanes)));
+        }
         let stand_in = (seconds > 0).then(|| StandIn {
             lanes,
             seconds,
@@ -554,6 +764,15 @@ fn follow_request(
         return Ok(());
     }
     Err(("404 Not Found", format!("{DRAIN_USAGE}{STAND_IN_USAGE}")))
+}
+
+/// The one-line answer to a stand-in that names a lane the worker was not given: the operator
+/// only ever narrows or reorders a worker's lanes, so anything else is not the operator's.
+fn not_own_lane(lane: &str, own_lanes: &[String]) -> String {
+    format!(
+        "POST /stand-in: lane {lane:?} is not one of this worker's lanes ({})\n",
+        own_lanes.join(",")
+    )
 }
 
 /// `/drain?seconds=N` → how long to drain (`0`: stop draining); `None`: another path;
@@ -643,7 +862,8 @@ fn stand_in_lanes(text: &str) -> Result<Vec<String>, String> {
     Ok(lanes)
 }
 
-/// The worker's gauges in the Prometheus text format.
+/// The worker's gauges in the Prometheus text format. `lanepool_worker_credential_required` is
+/// always 1: it is how the operator tells this worker from one built before the credential.
 fn gauges(busy: Option<&(String, f64)>, draining: bool, standing_in: bool) -> String {
     let sample = match busy {
         Some((lane, _)) => format!("lanepool_worker_busy{{lane=\"{lane}\"}} 1"),
@@ -664,7 +884,11 @@ fn gauges(busy: Option<&(String, f64)>, draining: bool, standing_in: bool) -> St
          # TYPE lanepool_worker_draining gauge\nlanepool_worker_draining {}\n\
          # HELP lanepool_worker_standing_in 1 while a stand-in request has the worker take other \
          lanes than its own (POST /stand-in)\n\
-         # TYPE lanepool_worker_standing_in gauge\nlanepool_worker_standing_in {}\n",
+         # TYPE lanepool_worker_standing_in gauge\nlanepool_worker_standing_in {}\n\
+         # HELP lanepool_worker_credential_required 1: this worker takes POST requests only with \
+         its pool's credential\n\
+         # TYPE lanepool_worker_credential_required gauge\n\
+         lanepool_worker_credential_required 1\n",
         u8::from(draining),
         u8::from(standing_in)
     )
