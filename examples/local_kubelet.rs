@@ -6,7 +6,11 @@
 //! `$(VAR)` references and downward-API `fieldRef`s such as `metadata.name` and `status.podIP`;
 //! `HOSTNAME` is the Pod's name), gives each Pod an address of its own on the loopback
 //! (127.1.x.y; `--ip-block` changes the 1, so kubelets side by side never share an address), and
-//! reports it Running and Ready. A Pod being deleted is stopped the kubelet's
+//! reports it Running and Ready. A container's Secret volumes (the pool's worker credential) are
+//! written as files under `<log-dir>/volumes/<pod uid>/<volume>/`, refreshed every
+//! [`VOLUME_REFRESH`] as a kubelet refreshes them (atomically, so a reader sees the old file or
+//! the new one), and an env value under a mount path points into that folder instead (the
+//! processes share this machine's file system). A Pod being deleted is stopped the kubelet's
 //! way: SIGTERM, up to its grace period, SIGKILL, then the Pod is removed (delete with grace 0).
 //! Prometheus finds the workers through a file_sd file this writes (`--pod-targets`): each Pod's
 //! address at its container port named `metrics`, labelled `namespace`, `pool` and `pod`. Its
@@ -24,7 +28,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -32,6 +36,9 @@ use serde_json::json;
 const POOL_LABEL: &str = "lanepool.dev/pool";
 /// The grace period of a Pod that names none, as the API server defaults it.
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// How often Secret volumes are written again from their Secrets (a kubelet's sync period and
+/// cache TTL make it a minute or two; shorter here, so the tests of a rotation are short).
+const VOLUME_REFRESH: Duration = Duration::from_secs(2);
 /// How long the workers get when this kubelet itself is stopped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -95,6 +102,9 @@ struct Kubelet {
     starting: HashMap<String, Instant>,
     next_ip: u32,
     written_targets: String,
+    secrets: Api<Secret>,
+    /// When the Secret volumes were last written again.
+    volumes_refreshed: Instant,
 }
 
 // One thread (current_thread) forks every worker: PR_SET_PDEATHSIG fires when the forking
@@ -136,6 +146,8 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut kubelet = Kubelet {
+        secrets: Api::namespaced(client.clone(), &args.namespace),
+        volumes_refreshed: Instant::now(),
         pods: Api::namespaced(client, &args.namespace),
         worker,
         args,
@@ -234,6 +246,10 @@ impl Kubelet {
                 return;
             }
         };
+        let refresh = self.volumes_refreshed.elapsed() >= VOLUME_REFRESH;
+        if refresh {
+            self.volumes_refreshed = Instant::now();
+        }
         let mut seen = Vec::new();
         for pod in &listed {
             let uid = pod.uid().unwrap_or_default();
@@ -244,6 +260,9 @@ impl Kubelet {
             } else if node.is_none() {
                 self.bind(pod).await;
             } else if node.as_deref() == Some(self.args.node.as_str()) {
+                if refresh && self.running.contains_key(&uid) {
+                    self.write_secret_volumes(pod, &uid).await;
+                }
                 self.keep_running(pod, &uid).await;
             }
         }
@@ -315,7 +334,9 @@ impl Kubelet {
         let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
             return;
         };
-        let env = pod_env(pod, container, &ip, &self.args.node);
+        self.write_secret_volumes(pod, uid).await;
+        let mut env = pod_env(pod, container, &ip, &self.args.node);
+        self.point_into_volumes(pod, container, uid, &mut env);
         let child = match start_worker(&self.worker, &name, container, &env, &self.args) {
             Ok(child) => child,
             Err(e) => {
@@ -428,6 +449,76 @@ impl Kubelet {
         )
     }
 
+    /// Where the Pod's volume `volume` is written.
+    fn volume_dir(&self, uid: &str, volume: &str) -> PathBuf {
+        self.args.log_dir.join("volumes").join(uid).join(volume)
+    }
+
+    /// Writes each Secret volume of the Pod as files (its `items`, or every key), each replaced
+    /// atomically; an optional volume whose Secret is missing is an empty folder. A Secret that
+    /// cannot be read leaves the files as they were.
+    async fn write_secret_volumes(&self, pod: &Pod, uid: &str) {
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+        for volume in volumes.into_iter().flatten() {
+            let Some(source) = &volume.secret else {
+                continue;
+            };
+            let name = source.secret_name.clone().unwrap_or_default();
+            let secret = match self.secrets.get_opt(&name).await {
+                Ok(secret) => secret,
+                Err(e) => {
+                    eprintln!(
+                        "local_kubelet: {}: reading Secret {name}: {e}",
+                        pod.name_any()
+                    );
+                    continue;
+                }
+            };
+            let data = secret.and_then(|s| s.data).unwrap_or_default();
+            let files: Vec<(String, Vec<u8>)> = match &source.items {
+                Some(items) => items
+                    .iter()
+                    .filter_map(|i| Some((i.path.clone(), data.get(&i.key)?.0.clone())))
+                    .collect(),
+                None => data.into_iter().map(|(k, v)| (k, v.0)).collect(),
+            };
+            let dir = self.volume_dir(uid, &volume.name);
+            if let Err(e) = write_files(&dir, &files) {
+                eprintln!(
+                    "local_kubelet: {}: writing {}: {e}",
+                    pod.name_any(),
+                    dir.display()
+                );
+            }
+        }
+    }
+
+    /// Env values under a Secret volume's mount path point into the folder it is written to.
+    fn point_into_volumes(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        uid: &str,
+        env: &mut [(String, String)],
+    ) {
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+        for mount in container.volume_mounts.iter().flatten() {
+            let secret = volumes
+                .into_iter()
+                .flatten()
+                .any(|v| v.name == mount.name && v.secret.is_some());
+            if !secret {
+                continue;
+            }
+            let dir = self.volume_dir(uid, &mount.name);
+            for (_, value) in env.iter_mut() {
+                if let Some(rest) = value.strip_prefix(mount.mount_path.as_str()) {
+                    *value = format!("{}{rest}", dir.display());
+                }
+            }
+        }
+    }
+
     /// A Pod being deleted: SIGTERM once, SIGKILL after its grace period, and the Pod removed
     /// once its worker is gone.
     async fn terminate(&mut self, pod: &Pod, uid: &str) {
@@ -457,6 +548,7 @@ impl Kubelet {
             }
             self.running.remove(uid);
         }
+        let _ = std::fs::remove_dir_all(self.args.log_dir.join("volumes").join(uid));
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
@@ -537,6 +629,32 @@ fn metrics_port(container: &Container) -> Option<i32> {
         .flatten()
         .find(|p| p.name.as_deref() == Some("metrics"))
         .map(|p| p.container_port)
+}
+
+/// Makes `dir` hold exactly `files`, each written beside and renamed over the last.
+fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !files.iter().any(|(file, _)| *file == name) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    for (file, bytes) in files {
+        // A key or item path is a file name here: nothing may be written outside `dir`.
+        if file.contains('/') || file.starts_with('.') {
+            continue;
+        }
+        let path = dir.join(file);
+        if std::fs::read(&path).is_ok_and(|old| old == *bytes) {
+            continue;
+        }
+        let new = dir.join(format!(".{file}.new"));
+        std::fs::write(&new, bytes)?;
+        std::fs::rename(&new, &path)?;
+    }
+    Ok(())
 }
 
 /// The container's env as the kubelet builds it: in order, `$(VAR)` expanded from the vars

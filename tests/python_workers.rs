@@ -10,19 +10,22 @@
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use common::Killed;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
     self as testenv, Controllers, InProcessOperator, TestPrometheus, TestRedis, example, now_unix,
-    p99, python_program,
+    p99, python_program, until,
 };
 use serde_json::{Value, json};
 
@@ -386,8 +389,145 @@ async fn run_profile(world: &World, profile: Profile) -> Run {
 /// wait p99 of 50 ms is measured on two cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// What requests to the pool's workers from outside the operator were answered, and how a
+/// rotation of the credential went.
+#[derive(Debug, Default)]
+struct Steering {
+    /// Requests without the pool's credential (none, a wrong token, another scheme), by the
+    /// status answered, and the workers they went to.
+    without: BTreeMap<u16, usize>,
+    workers_tried: BTreeSet<String>,
+    /// A stand-in for a lane the pool does not have, with the credential: statuses answered.
+    foreign_lane: BTreeMap<u16, usize>,
+    /// After the rotation, once the kubelet refreshed the file: the old token's answers and the
+    /// new one's (a stand-in for a lane the pool lacks: 403 once the token is taken).
+    old_token: BTreeMap<u16, usize>,
+    new_token: BTreeMap<u16, usize>,
+    /// The Secret kept the old token as `previous` for the workers not refreshed yet.
+    previous_kept: bool,
+}
+
+/// The pool's credential Secret's `key`, as its namespace's admin reads it.
+async fn credential(world: &World, key: &str) -> Option<String> {
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), &world.namespace);
+    let secret = secrets.get_opt("jobs-worker-credential").await.ok()??;
+    let bytes = secret.data?.get(key)?.0.clone();
+    String::from_utf8(bytes).ok()
+}
+
+/// `POST`s each of `paths` with each of `headers` to every worker now running, off the runtime's
+/// threads (each answer may take a second): the statuses answered, and the workers asked.
+async fn post_to_every_worker(
+    world: &World,
+    paths: &[&str],
+    headers: &[String],
+) -> (BTreeMap<u16, usize>, BTreeSet<String>) {
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.namespace);
+    let workers: Vec<(String, SocketAddr)> = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| {
+            let ip = p.status.as_ref()?.pod_ip.clone()?;
+            Some((p.metadata.name.clone()?, format!("{ip}:9100").parse().ok()?))
+        })
+        .collect();
+    let requests: Vec<(SocketAddr, String, String)> = workers
+        .iter()
+        .flat_map(|(_, addr)| {
+            paths.iter().flat_map(move |path| {
+                headers
+                    .iter()
+                    .map(move |header| (*addr, path.to_string(), header.clone()))
+            })
+        })
+        .collect();
+    let statuses = tokio::task::spawn_blocking(move || {
+        let mut statuses = BTreeMap::new();
+        for (addr, path, header) in requests {
+            // A worker that just stopped answers nothing: not an answer to count.
+            if let Ok((status, _)) = testenv::http_post(addr, &path, &header) {
+                *statuses.entry(status).or_insert(0) += 1;
+            }
+        }
+        statuses
+    })
+    .await
+    .unwrap();
+    (
+        statuses,
+        workers.into_iter().map(|(name, _)| name).collect(),
+    )
+}
+
+/// Tries to steer the pool's workers as any Pod that reaches their port could, all through the
+/// normal phase and into the spike: drains of an hour, stand-ins pointing reserved workers at
+/// batch, without the credential or with a wrong one; a stand-in for a lane the pool lacks with
+/// the right one. Then rotates the credential (as a user would, by annotating the pool) just
+/// before the spike, so the spike's stand-ins and the drains after it carry the new token.
+async fn try_to_steer(world: &World, profile: Profile) -> Steering {
+    let started = Instant::now();
+    let mut steering = Steering::default();
+    let hostile_paths = [
+        "/drain?seconds=3600",
+        "/stand-in?lanes=batch&seconds=3600",
+        "/stand-in?lanes=urgent,batch&seconds=3600",
+        "/drain?seconds=0",
+    ];
+    let basic = base64::engine::general_purpose::STANDARD.encode("lanepool:lanepool");
+    let wrong = [
+        String::new(),
+        format!("Authorization: Bearer {}\r\n", "0".repeat(64)),
+        format!("Authorization: Basic {basic}\r\n"),
+        "Authorization: Bearer\r\n".to_string(),
+        format!("Authorization: Bearer {}\r\n", "a".repeat(5000)),
+    ];
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let rotate_at = Duration::from_secs(profile.normal.saturating_sub(4));
+    while started.elapsed() < rotate_at {
+        let (statuses, tried) = post_to_every_worker(world, &hostile_paths, &wrong).await;
+        for (status, count) in statuses {
+            *steering.without.entry(status).or_insert(0) += count;
+        }
+        steering.workers_tried.extend(tried);
+        if steering.foreign_lane.is_empty()
+            && let Some(token) = credential(world, "token").await
+        {
+            let header = [format!("Authorization: Bearer {token}\r\n")];
+            let lane = ["/stand-in?lanes=another-teams-queue&seconds=5"];
+            steering.foreign_lane = post_to_every_worker(world, &lane, &header).await.0;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let old = credential(world, "token")
+        .await
+        .expect("the pool has a credential");
+    let pools: Api<LanePool> = Api::namespaced(world.client.clone(), &world.namespace);
+    let rotate = json!({"metadata": {"annotations": {"lanepool.dev/rotate-credential": "1"}}});
+    pools
+        .patch("jobs", &PatchParams::default(), &Patch::Merge(&rotate))
+        .await
+        .unwrap();
+    until(20, "the operator rotates the credential", || async {
+        credential(world, "token").await.is_some_and(|t| t != old)
+    })
+    .await;
+    let new = credential(world, "token").await.unwrap();
+    steering.previous_kept = credential(world, "previous").await.as_deref() == Some(&old);
+    // The process kubelet writes Secret volumes again every 2 s; a real one within a minute or two.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let probe = ["/stand-in?lanes=another-teams-queue&seconds=1"];
+    let with = |token: &str| [format!("Authorization: Bearer {token}\r\n")];
+    steering.old_token = post_to_every_worker(world, &probe, &with(&old)).await.0;
+    steering.new_token = post_to_every_worker(world, &probe, &with(&new)).await.0;
+    steering
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rq_workers_as_pods_keep_the_urgent_wait_within_the_job_time_and_no_shrink_cuts_a_job() {
+async fn rq_workers_as_pods_keep_the_urgent_wait_within_the_job_time_and_no_shrink_cuts_a_job_though_pods_without_the_credential_try_to_steer_them()
+ {
     let _alone = ONE_AT_A_TIME.lock().await;
     let world = World::start("python-rq", true).await;
     world.apply_pool(None).await;
@@ -396,9 +536,36 @@ async fn rq_workers_as_pods_keep_the_urgent_wait_within_the_job_time_and_no_shri
         spike: 30,
         after: 30,
     };
-    let run = run_profile(&world, profile).await;
+    let (run, steering) = tokio::join!(run_profile(&world, profile), try_to_steer(&world, profile));
     run.print("the producer's counter");
+    println!("{steering:?}");
+    // Only the operator steers a worker: every request without its credential was refused and
+    // changed nothing (the urgent lane kept its promise, no job was cut short), on every worker.
+    assert_eq!(
+        steering.without.keys().collect::<Vec<_>>(),
+        [&401],
+        "{steering:?}"
+    );
+    assert!(steering.workers_tried.len() >= 5, "{steering:?}");
+    assert_eq!(steering.foreign_lane.keys().collect::<Vec<_>>(), [&403]);
+    // The rotation reached every worker with no restart: the old token refused, the new taken.
+    assert!(steering.previous_kept, "{steering:?}");
+    assert_eq!(steering.old_token.keys().collect::<Vec<_>>(), [&401]);
+    assert_eq!(steering.new_token.keys().collect::<Vec<_>>(), [&403]);
+    // The operator's own stand-ins and drains carried the new token: the reserve followed the
+    // spike and came back, and no shrink cut a job short.
     run.assert_the_guides_verification();
+    let pool = Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .get("jobs")
+        .await
+        .unwrap();
+    let conditions = pool.status.map(|s| s.conditions).unwrap_or_default();
+    let credential = conditions.iter().find(|c| c.type_ == "WorkerCredential");
+    assert_eq!(
+        credential.map(|c| (c.status.as_str(), c.reason.as_str())),
+        Some(("True", "Checked")),
+        "{conditions:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

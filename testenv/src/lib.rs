@@ -42,7 +42,9 @@ pub use node::{NODE_POD_CIDR, TestNode, shared_node};
 pub use operator::InProcessOperator;
 pub use pod_workers::{PodRequests, PodWorkers};
 pub use process::{Lifetime, process_alive, terminate_pid};
-pub use prometheus::{BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get};
+pub use prometheus::{
+    BASIC_AUTH_PASSWORD, BASIC_AUTH_USERNAME, Guard, TestPrometheus, http_get, http_post,
+};
 pub use readiness::DeploymentReadiness;
 pub use redis::{Reply, TestRedis};
 pub use registry::TestRegistry;

@@ -398,9 +398,33 @@ fn get(
     path: &str,
     headers: &str,
 ) -> std::io::Result<(u16, String)> {
+    request(stream, "GET", addr, path, headers)
+}
+
+/// `POST {path}` at `addr` over plain HTTP with `headers` (each ending in `\r\n`) and no body:
+/// the status and the body of the answer.
+pub fn http_post(addr: SocketAddr, path: &str, headers: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    request(
+        &mut stream,
+        "POST",
+        addr,
+        path,
+        &format!("{headers}Content-Length: 0\r\n"),
+    )
+}
+
+fn request(
+    stream: &mut (impl Read + Write),
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+) -> std::io::Result<(u16, String)> {
     write!(
         stream,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}\r\n"
     )?;
     stream.flush()?;
     let mut response = String::new();
