@@ -17,6 +17,7 @@ Its functions `cpu` and `nap` are also the jobs the workers run (imported as `be
 from __future__ import annotations
 
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -86,7 +87,7 @@ def timed(request: Callable[[], object], count: int, pause: float) -> list[float
     return times
 
 
-def answer_times(server, redis) -> None:  # type: ignore[no-untyped-def]
+def answer_times(server, redis, authorization: str) -> None:  # type: ignore[no-untyped-def]
     from rq import Queue
 
     from processes import free_port, http
@@ -105,7 +106,8 @@ def answer_times(server, redis) -> None:  # type: ignore[no-untyped-def]
             time.sleep(1.5)  # started, jobs running
             addr = ("127.0.0.1", port)
             gets = timed(lambda a=addr: http(a, "GET", "/metrics"), 300, 0.01)
-            drains = timed(lambda a=addr: http(a, "POST", "/drain?seconds=0"), 300, 0.01)
+            drains = timed(lambda a=addr: http(a, "POST", "/drain?seconds=0",
+                                               authorization=authorization), 300, 0.01)  # fmt: skip
             left = queue.count
             assert left > 0, "the jobs ran out during the measure"
             print(f"   {label:>16}: GET /metrics {percentiles(gets)}")
@@ -213,12 +215,17 @@ def urgent_wait(server, redis) -> None:  # type: ignore[no-untyped-def]
 def main() -> None:
     from redis import Redis
 
-    with redis_server() as server:
+    with redis_server() as server, tempfile.TemporaryDirectory() as mounted:
         redis = Redis(port=server.port)  # type: ignore[attr-defined]
         print(
             f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, redis-server on a free port"
         )
-        answer_times(server, redis)
+        # The drains carry the pool's credential, as the operator's do: the worker reads its file
+        # at every POST, and that read is part of what an answer costs.
+        token = secrets.token_hex(32)
+        (Path(mounted) / "token").write_text(f"{token}\n")
+        os.environ["LANEPOOL_CREDENTIAL_FILE"] = str(Path(mounted) / "token")
+        answer_times(server, redis, f"Bearer {token}")
         throughput(server, redis)
         urgent_wait(server, redis)
 

@@ -1,5 +1,6 @@
 """Fixtures: one real redis-server for the session (127.0.0.1, a free port, no persistence, in a
-temporary directory), emptied before each test that asks for it.
+temporary directory), emptied before each test that asks for it; and the pool's worker credential
+that every worker is started with, as the operator mounts it.
 
 Nothing here stands in for Redis or RQ: the tests run the real server and real worker processes.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from processes import RedisServer, start_redis
+from processes import RedisServer, WorkerCredential, start_redis, write_credential
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -40,3 +41,10 @@ def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = start_redis(REDIS_SERVER, tmp_path, durable=True)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def credential(tmp_path_factory: pytest.TempPathFactory) -> WorkerCredential:
+    """The token every worker of the tests is started with. Never rotated: a test that rotates
+    writes one of its own (`write_credential`)."""
+    return write_credential(tmp_path_factory.mktemp("credential"))

@@ -1,5 +1,6 @@
-"""Real processes for the tests: redis-server, the package's console scripts as workers, and a
-raw HTTP client for the metrics port (as the operator speaks to it: one request, then close).
+"""Real processes for the tests: redis-server, the package's console scripts as workers, the
+pool's worker credential as the operator mounts it, and a raw HTTP client for the metrics port (as
+the operator speaks to it: one request, then close).
 
 Everything started here is stopped by its owner; nothing here imitates Redis, RQ or a worker.
 """
@@ -7,6 +8,7 @@ Everything started here is stopped by its owner; nothing here imitates Redis, RQ
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,6 +22,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from lanepool_worker.config import CREDENTIAL_FILE_ENV
 
 TESTS = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent  # the venv's console scripts
@@ -92,12 +96,51 @@ def start_redis(binary: str, directory: Path, durable: bool = False) -> RedisSer
 
 
 @dataclass
+class WorkerCredential:
+    """The pool's worker credential as the operator mounts it: 64 hex characters in a file, which
+    LANEPOOL_CREDENTIAL_FILE names."""
+
+    path: Path
+    token: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {CREDENTIAL_FILE_ENV: str(self.path)}
+
+    @property
+    def authorization(self) -> str:
+        return f"Bearer {self.token}"
+
+    def rotate(self) -> str:
+        """A new token in the file, swapped in whole as the kubelet swaps a Secret's files (a
+        reader never sees half of it); returns the old one."""
+        old = self.token
+        self.token = secrets.token_hex(32)
+        _write_atomically(self.path, f"{self.token}\n")
+        return old
+
+
+def write_credential(directory: Path) -> WorkerCredential:
+    credential = WorkerCredential(directory / "token", secrets.token_hex(32))
+    _write_atomically(credential.path, f"{credential.token}\n")
+    return credential
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fresh = path.with_name(f".{path.name}.new")
+    fresh.write_text(text)
+    os.replace(fresh, path)
+
+
+@dataclass
 class Worker:
-    """A worker process with its stdout and stderr collected line by line."""
+    """A worker process with its stdout and stderr collected line by line; `post` carries the
+    credential it was started with."""
 
     process: subprocess.Popen[str]
     metrics: tuple[str, int]
     name: str
+    credential: WorkerCredential | None = None
     lines: list[str] = field(default_factory=list)
 
     def wait_for_line(self, what: str, found: Callable[[str], bool], within: float = 10) -> str:
@@ -114,7 +157,12 @@ class Worker:
         return http(self.metrics, "GET", path)
 
     def post(self, path: str) -> tuple[int, str]:
-        return http(self.metrics, "POST", path)
+        authorization = self.credential.authorization if self.credential is not None else None
+        return http(self.metrics, "POST", path, authorization=authorization)
+
+    def post_as(self, authorization: str | None, path: str) -> Answer:
+        """A POST with this Authorization field (None: without one), answered in full."""
+        return exchange(self.metrics, "POST", path, authorization=authorization)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -130,9 +178,11 @@ def start_worker(
     args: tuple[str, ...] = (),
     env: Mapping[str, str] | None = None,
     wait: bool = True,
+    credential: WorkerCredential | None = None,
 ) -> Worker:
     """Starts `script` (a console script of the package) as the operator would: its lanes, role
-    and pool in the environment, the metrics port on a free loopback port."""
+    and pool in the environment, the metrics port on a free loopback port, and `credential`
+    mounted (None: LANEPOOL_CREDENTIAL_FILE unset)."""
     metrics = ("127.0.0.1", free_port())
     environment = {
         "PATH": os.environ.get("PATH", ""),
@@ -142,6 +192,7 @@ def start_worker(
         "LANEPOOL_METRICS_ADDR": f"{metrics[0]}:{metrics[1]}",
         "HOSTNAME": name,
         "PYTHONUNBUFFERED": "1",
+        **(credential.env if credential is not None else {}),
         **(env or {}),
     }
     process = subprocess.Popen(
@@ -151,7 +202,7 @@ def start_worker(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    worker = Worker(process, metrics, name)
+    worker = Worker(process, metrics, name, credential)
 
     def collect() -> None:
         assert process.stdout is not None
@@ -176,18 +227,51 @@ def _answers(addr: tuple[str, int]) -> bool:
         return False
 
 
-def http(addr: tuple[str, int], method: str, path: str, timeout: float = 5) -> tuple[int, str]:
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]  # by lowercase name
+    body: str
+
+
+def http(
+    addr: tuple[str, int],
+    method: str,
+    path: str,
+    timeout: float = 5,
+    authorization: str | None = None,
+) -> tuple[int, str]:
     """One request, `Connection: close`, the whole answer read: (status, body)."""
+    answer = exchange(addr, method, path, timeout, authorization)
+    return answer.status, answer.body
+
+
+def exchange(
+    addr: tuple[str, int],
+    method: str,
+    path: str,
+    timeout: float = 5,
+    authorization: str | None = None,
+    fields: tuple[str, ...] = (),
+) -> Answer:
+    """One request with an Authorization field when given (and any other `fields`, whole
+    lines), `Connection: close`, the whole answer read."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {addr[0]}", "Connection: close", *fields]
+    if authorization is not None:
+        lines.append(f"Authorization: {authorization}")
     with socket.create_connection(addr, timeout=timeout) as stream:
-        stream.sendall(
-            f"{method} {path} HTTP/1.1\r\nHost: {addr[0]}\r\nConnection: close\r\n\r\n".encode()
-        )
+        stream.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         response = b""
         while piece := stream.recv(65536):
             response += piece
     head, _, body = response.partition(b"\r\n\r\n")
-    status = int(head.split()[1]) if head else 0
-    return status, body.decode()
+    status_line, *field_lines = head.decode("latin-1").split("\r\n") if head else [""]
+    status = int(status_line.split()[1]) if status_line else 0
+    headers = {}
+    for line in field_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return Answer(status, headers, body.decode())
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

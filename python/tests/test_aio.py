@@ -1,6 +1,7 @@
 """`lanepool-redis-worker` (the asyncio worker on Redis lists) as a real process: LANEPOOL_SLOTS
 jobs at once and busy saying so, strict lane order, a drain that takes nothing new and ends at
-once, and SIGTERM finishing every job in hand while the rest stays queued."""
+once, SIGTERM finishing every job in hand while the rest stays queued, and only the pool's
+credential steering it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,20 @@ import pytest
 from redis import Redis
 
 from lanepool_worker.producer import Producer
-from processes import RedisServer, Worker, start_worker, value, wait_until
+from processes import (
+    RedisServer,
+    Worker,
+    WorkerCredential,
+    start_worker,
+    value,
+    wait_until,
+    write_credential,
+)
+from steering import (
+    assert_open_metrics_without_the_token,
+    assert_refused_every_request,
+    assert_unauthorized,
+)
 
 
 @pytest.fixture
@@ -19,14 +33,22 @@ def producer() -> Producer:
     return Producer(namespace="ns", pool="jobs", registry=None)
 
 
-@pytest.fixture
-def worker(redis_server: RedisServer, redis: Redis) -> Iterator[Worker]:
-    started = start_worker(
+def redis_worker(redis_server: RedisServer, credential: WorkerCredential | None) -> Worker:
+    """Three slots on lanes urgent,batch, `credential` mounted (None: the variable unset)."""
+    return start_worker(
         "lanepool-redis-worker",
         "urgent,batch",
         args=("--handler", "handlers:nap"),
         env={"LANEPOOL_SLOTS": "3", "LANEPOOL_REDIS_URL": redis_server.url},
+        credential=credential,
     )
+
+
+@pytest.fixture
+def worker(
+    redis_server: RedisServer, redis: Redis, credential: WorkerCredential
+) -> Iterator[Worker]:
+    started = redis_worker(redis_server, credential)
     yield started
     started.stop()
 
@@ -80,3 +102,81 @@ def test_sigterm_finishes_every_job_in_hand_and_leaves_the_rest_queued(redis, wo
     assert time.monotonic() - terminated >= 0.5, "exited before its jobs could end"
     assert len(done(redis)) == 3
     assert redis.llen("lanepool:lane:urgent") == 1
+
+
+# -- the credential ----------------------------------------------------------------------------
+
+
+def test_a_post_without_the_credential_is_refused_and_the_worker_keeps_taking_jobs(
+    redis, worker, producer, credential
+):
+    assert_refused_every_request(worker.metrics, credential)
+    _, text = worker.get()
+    assert value(text, "lanepool_worker_draining") == 0
+    assert value(text, "lanepool_worker_standing_in") == 0
+    assert_open_metrics_without_the_token(text, credential)
+    job = producer.submit_list(redis, "batch", {"seconds": 0.0})["id"]
+    wait_until("the job done", lambda: done(redis) == [job])
+    # With it, as before.
+    status, text = worker.post("/stand-in?lanes=batch&seconds=60")
+    assert status == 200 and value(text, "lanepool_worker_standing_in") == 1
+    status, text = worker.post("/drain?seconds=60")
+    assert status == 200 and value(text, "lanepool_worker_draining") == 1
+    producer.submit_list(redis, "batch", {"seconds": 0.0})
+    time.sleep(0.5)
+    assert done(redis) == [job], "a drained worker took a job"
+
+
+def test_a_worker_without_lanepool_credential_file_refuses_every_post_and_says_so(
+    redis_server, redis, producer, credential
+):
+    unset = redis_worker(redis_server, None)
+    try:
+        unset.wait_for_line(
+            "the refusal said at start",
+            lambda line: line.endswith(
+                "jobs-shared-1: LANEPOOL_CREDENTIAL_FILE is not set: drain and stand-in requests "
+                "are refused (no credential)"
+            ),
+        )
+        assert_refused_every_request(unset.metrics, credential)
+        for path in ("/drain?seconds=60", "/stand-in?lanes=batch&seconds=60"):
+            assert_unauthorized(unset.post_as(credential.authorization, path), path)
+        _, text = unset.get()
+        assert value(text, "lanepool_worker_draining") == 0
+        assert value(text, "lanepool_worker_credential_required") == 1
+        job = producer.submit_list(redis, "urgent", {"seconds": 0.0})["id"]
+        wait_until("the job done", lambda: done(redis) == [job])
+    finally:
+        unset.stop()
+
+
+def test_a_rotated_token_counts_at_once_and_the_old_one_is_refused(redis_server, redis, tmp_path):
+    rotated = write_credential(tmp_path)
+    started = redis_worker(redis_server, rotated)
+    try:
+        assert started.post("/drain?seconds=0")[0] == 200
+        old = rotated.rotate()
+        assert_unauthorized(started.post_as(f"Bearer {old}", "/drain?seconds=60"), "old token")
+        status, text = started.post("/drain?seconds=60")
+        assert status == 200 and value(text, "lanepool_worker_draining") == 1
+    finally:
+        started.stop()
+
+
+def test_a_stand_in_for_a_lane_not_its_own_is_forbidden_and_changes_nothing(
+    redis, worker, producer
+):
+    status, body = worker.post("/stand-in?lanes=urgent,reports&seconds=60")
+    assert status == 403
+    assert body == (
+        'POST /stand-in: lane "reports" is not one of this worker\'s lanes (urgent,batch)\n'
+    )
+    reports = producer.submit_list(redis, "reports", {"seconds": 0.0})["id"]
+    batch = producer.submit_list(redis, "batch", {"seconds": 0.0})["id"]
+    wait_until("its own lane's job done", lambda: done(redis) == [batch])
+    time.sleep(0.3)
+    assert reports not in done(redis)
+    assert redis.llen("lanepool:lane:reports") == 1
+    _, text = worker.get()
+    assert value(text, "lanepool_worker_standing_in") == 0

@@ -1,6 +1,7 @@
 """The Celery adapter against a real redis-server and real `celery worker` processes: strict lane
 order, reserved workers, drains, stand-ins, SIGTERM, four slots counted in the main process, the
-wait from the producer's header, and a Redis restart. Nothing here imitates Celery or Redis."""
+wait from the producer's header, a Redis restart, and only the pool's credential steering it.
+Nothing here imitates Celery or Redis."""
 
 from __future__ import annotations
 
@@ -21,7 +22,23 @@ from redis import Redis
 
 from lanepool_worker.celery import configure
 from lanepool_worker.producer import Producer
-from processes import BIN, RedisServer, free_port, http, value, wait_until
+from processes import (
+    BIN,
+    Answer,
+    RedisServer,
+    WorkerCredential,
+    exchange,
+    free_port,
+    http,
+    value,
+    wait_until,
+    write_credential,
+)
+from steering import (
+    assert_open_metrics_without_the_token,
+    assert_refused_every_request,
+    assert_unauthorized,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -63,9 +80,17 @@ APP = textwrap.dedent(
 
 class CeleryWorker:
     """`celery -A lanes_app worker` as the operator starts it: lanepool's variables, a metrics
-    port, and its log in a file."""
+    port, the pool's credential (None: LANEPOOL_CREDENTIAL_FILE unset), and its log in a file."""
 
-    def __init__(self, app_dir: Path, broker: str, env: dict[str, str], args: list[str]) -> None:
+    def __init__(
+        self,
+        app_dir: Path,
+        broker: str,
+        env: dict[str, str],
+        args: list[str],
+        credential: WorkerCredential | None,
+    ) -> None:
+        self.credential = credential
         self.metrics = ("127.0.0.1", free_port())
         self.log_path = app_dir / f"worker-{self.metrics[1]}.log"
         environment = {
@@ -75,6 +100,7 @@ class CeleryWorker:
             "LANEPOOL_POOL": "jobs",
             "HOSTNAME": f"jobs-{self.metrics[1]}",
             "LANEPOOL_METRICS_ADDR": f"127.0.0.1:{self.metrics[1]}",
+            **(credential.env if credential is not None else {}),
             **env,
         }
         with open(self.log_path, "wb") as log:
@@ -113,9 +139,14 @@ class CeleryWorker:
         return body
 
     def post(self, path: str) -> str:
-        status, body = http(self.metrics, "POST", path)
+        authorization = self.credential.authorization if self.credential is not None else None
+        status, body = http(self.metrics, "POST", path, authorization=authorization)
         assert status == 200, body
         return body
+
+    def post_as(self, authorization: str | None, path: str) -> Answer:
+        """A POST with this Authorization field (None: without one), answered in full."""
+        return exchange(self.metrics, "POST", path, authorization=authorization)
 
     def stop(self, signum: int = signal.SIGTERM, within: float = 15) -> int:
         if self.process.poll() is None:
@@ -143,8 +174,11 @@ def store(redis: Redis, redis_server: RedisServer) -> Iterator[Redis]:
 
 
 @pytest.fixture
-def start_worker(app_dir: Path, redis_server: RedisServer) -> Iterator[Callable[..., CeleryWorker]]:
+def start_worker(
+    app_dir: Path, redis_server: RedisServer, credential: WorkerCredential
+) -> Iterator[Callable[..., CeleryWorker]]:
     workers: list[CeleryWorker] = []
+    pools_credential = credential
 
     def start(
         lanes: str = "urgent,batch",
@@ -154,6 +188,7 @@ def start_worker(app_dir: Path, redis_server: RedisServer) -> Iterator[Callable[
         extra: tuple[str, ...] = (),
         broker: str | None = None,
         app_env: dict[str, str] | None = None,
+        credential: WorkerCredential | None = pools_credential,
     ) -> CeleryWorker:
         env = {"LANEPOOL_LANES": lanes, "LANEPOOL_ROLE": role, **(app_env or {})}
         if slots is not None:
@@ -161,7 +196,7 @@ def start_worker(app_dir: Path, redis_server: RedisServer) -> Iterator[Callable[
         # Mingle, gossip and heartbeats talk to other workers: there are none, and they slow a
         # start down.
         args = ["-P", pool, "--without-mingle", "--without-gossip", "--without-heartbeat", *extra]
-        worker = CeleryWorker(app_dir, broker or redis_server.url, env, args)
+        worker = CeleryWorker(app_dir, broker or redis_server.url, env, args, credential)
         workers.append(worker)
         return worker.wait_ready()
 
@@ -323,7 +358,8 @@ def test_the_lane_order_holds_after_a_stand_in_for_the_later_lane(store, submit,
 def test_a_stand_in_for_a_lane_the_app_does_not_know_consumes_that_queue(
     store, submit, start_worker
 ):
-    worker = start_worker(lanes="urgent", role="reserved")
+    # A stand-in names only the worker's own lanes: `reports`, one of them, is in no task_queues.
+    worker = start_worker(lanes="urgent,reports")
     worker.post("/stand-in?lanes=reports&seconds=2")
     submit("urgent", "u0", 0.0)
     submit("reports", "r0", 0.0)
@@ -520,3 +556,75 @@ def test_a_producer_gets_no_state_and_a_worker_without_lanes_refuses_to_start(
     )
     assert done.returncode != 0
     assert "LANEPOOL_LANES is not set" in done.stderr + done.stdout
+
+
+# -- the credential ----------------------------------------------------------------------------
+
+
+def test_a_post_without_the_credential_is_refused_and_the_worker_keeps_taking_jobs(
+    store, submit, start_worker, credential
+):
+    worker = start_worker()
+    assert_refused_every_request(worker.metrics, credential)
+    metrics = worker.get()
+    assert value(metrics, "lanepool_worker_draining") == 0
+    assert value(metrics, "lanepool_worker_standing_in") == 0
+    assert_open_metrics_without_the_token(metrics, credential)
+    submit("batch", "b0", 0.0)
+    wait_until("the job done", lambda: listed(store, "finished") == ["b0"])
+    # With it, as before.
+    assert value(worker.post("/stand-in?lanes=batch&seconds=60"), "lanepool_worker_standing_in")
+    assert value(worker.post("/drain?seconds=60"), "lanepool_worker_draining") == 1
+    submit("batch", "b1", 0.0)
+    time.sleep(1.5)  # longer than kombu's 1 s BRPOP
+    assert listed(store, "started") == ["b0"], "a drained worker took a job"
+
+
+def test_a_worker_without_lanepool_credential_file_refuses_every_post_and_says_so(
+    store, submit, start_worker, credential
+):
+    worker = start_worker(credential=None)
+    name = f"jobs-{worker.metrics[1]}"
+    said = (
+        f"{name}: LANEPOOL_CREDENTIAL_FILE is not set: drain and stand-in requests are refused "
+        "(no credential)"
+    )
+    wait_until("the refusal said at start", lambda: said in worker.log())
+    assert worker.log().count(said) == 1
+    assert_refused_every_request(worker.metrics, credential)
+    for path in ("/drain?seconds=60", "/stand-in?lanes=batch&seconds=60"):
+        assert_unauthorized(worker.post_as(credential.authorization, path), path)
+    metrics = worker.get()
+    assert value(metrics, "lanepool_worker_draining") == 0
+    assert value(metrics, "lanepool_worker_credential_required") == 1
+    submit("urgent", "u0", 0.0)
+    wait_until("the job done", lambda: listed(store, "finished") == ["u0"])
+
+
+def test_a_rotated_token_counts_at_once_and_the_old_one_is_refused(start_worker, tmp_path):
+    rotated = write_credential(tmp_path)
+    worker = start_worker(credential=rotated)
+    assert value(worker.post("/drain?seconds=0"), "lanepool_worker_draining") == 0
+    old = rotated.rotate()
+    assert_unauthorized(worker.post_as(f"Bearer {old}", "/drain?seconds=60"), "the old token")
+    assert value(worker.get(), "lanepool_worker_draining") == 0
+    assert value(worker.post("/drain?seconds=60"), "lanepool_worker_draining") == 1
+
+
+def test_a_stand_in_for_a_lane_not_its_own_is_forbidden_and_changes_nothing(
+    store, submit, start_worker, credential
+):
+    worker = start_worker(lanes="urgent", role="reserved")
+    answer = worker.post_as(credential.authorization, "/stand-in?lanes=reports&seconds=60")
+    assert answer.status == 403
+    assert answer.body == (
+        'POST /stand-in: lane "reports" is not one of this worker\'s lanes (urgent)\n'
+    )
+    submit("reports", "r0", 0.0)
+    submit("urgent", "u0", 0.0)
+    wait_until("its own lane's job done", lambda: listed(store, "finished") == ["u0"])
+    time.sleep(1.5)  # longer than kombu's 1 s BRPOP: a reports job would have been taken by now
+    assert listed(store, "started") == ["u0"]
+    assert store.llen("reports") == 1
+    assert value(worker.get(), "lanepool_worker_standing_in") == 0
+    assert "Started consuming from reports" not in worker.log()

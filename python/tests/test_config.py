@@ -94,3 +94,11 @@ def test_the_workers_refuse_a_bad_environment_with_exit_code_2():
     done = subprocess.run([script], env=env, capture_output=True, text=True)
     assert done.returncode == 2
     assert "LANEPOOL_SLOTS=4" in done.stderr
+
+
+def test_the_credential_file_is_where_the_operator_mounts_it_and_never_a_reason_to_stop():
+    mounted = "/var/run/secrets/lanepool.dev/worker/token"
+    assert config_from_env(with_(LANEPOOL_CREDENTIAL_FILE=mounted)).credential_file == mounted
+    # Unset or empty: the worker starts, runs its jobs and refuses every drain and stand-in.
+    assert config_from_env(GOOD).credential_file is None
+    assert config_from_env(with_(LANEPOOL_CREDENTIAL_FILE=" ")).credential_file is None

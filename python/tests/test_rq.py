@@ -1,13 +1,14 @@
 """`lanepool-rq-worker` as a real process on a real Redis, as the Rust worker's tests prove it
 (tests/lane_worker.rs): urgent before batch, a reserved worker never takes batch, a drain stops
 taking within one job, a stand-in takes the asked lanes between jobs and lapses, SIGTERM finishes
-the job in hand, an unknown lane is only empty, a Redis restart loses no job, and the metrics port
-answers in time while a CPU-bound job runs."""
+the job in hand, an unknown lane is only empty, a Redis restart loses no job, the metrics port
+answers in time while a CPU-bound job runs, and only the pool's credential steers it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -15,28 +16,58 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import FinishedJobRegistry
 
-from processes import RedisServer, Worker, samples, start_worker, value, wait_until
+from processes import (
+    RedisServer,
+    Worker,
+    WorkerCredential,
+    samples,
+    start_worker,
+    value,
+    wait_until,
+    write_credential,
+)
+from steering import (
+    assert_open_metrics_without_the_token,
+    assert_refused_every_request,
+    assert_unauthorized,
+)
+
+
+class Workers(list[Worker]):
+    """The test's workers, stopped after it, started with the pool's credential."""
+
+    def __init__(self, credential: WorkerCredential) -> None:
+        super().__init__()
+        self.credential = credential
 
 
 @pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
+def workers(credential: WorkerCredential) -> Iterator[Workers]:
+    started = Workers(credential)
     yield started
     for worker in started:
         worker.stop()
 
 
 def rq_worker(
-    workers: list[Worker],
+    workers: Workers,
     redis: Redis,
     lanes: str,
     role: str = "shared",
     name: str = "jobs-shared-1",
     *args: str,
+    **start: Any,
 ) -> Worker:
+    """`start` goes to `start_worker`: `credential=None` starts it without one."""
     url = f"redis://127.0.0.1:{redis.connection_pool.connection_kwargs['port']}/0"
+    start.setdefault("credential", workers.credential)
     worker = start_worker(
-        "lanepool-rq-worker", lanes, role, name, ("--url", url, "--logging-level", "WARNING", *args)
+        "lanepool-rq-worker",
+        lanes,
+        role,
+        name,
+        ("--url", url, "--logging-level", "WARNING", *args),
+        **start,
     )
     workers.append(worker)
     return worker
@@ -122,36 +153,51 @@ def test_a_drained_worker_finishes_its_job_takes_no_new_one_and_resumes(redis, w
     assert shared.post("/other")[0] == 404
 
 
-def test_a_reserved_worker_standing_in_is_woken_takes_the_asked_lanes_and_stops_when_called_off(
+def test_a_worker_standing_in_is_woken_takes_the_asked_lanes_and_stops_when_called_off(
     redis, workers
 ):
-    reserved = rq_worker(workers, redis, "urgent", "reserved", "jobs-urgent-reserved-1")
+    # A stand-in names only the worker's own lanes: a shared worker first asked to take urgent
+    # alone waits on urgent as a reserved worker does.
+    shared = rq_worker(workers, redis, "urgent,batch")
+    assert shared.post("/stand-in?lanes=urgent&seconds=3600")[0] == 200
     submit(redis, "batch", 5, 0.3)
     time.sleep(0.4)  # inside its wait on urgent
+    assert ran(redis, shared, "started") == []
     asked = time.monotonic()
-    status, text = reserved.post("/stand-in?lanes=batch&seconds=30")
+    status, text = shared.post("/stand-in?lanes=batch&seconds=30")
     assert status == 200 and value(text, "lanepool_worker_standing_in") == 1
-    wait_until("a batch job taken", lambda: ran(redis, reserved, "started"))
+    wait_until("a batch job taken", lambda: ran(redis, shared, "started"))
     assert time.monotonic() - asked < 0.5, "the wait on urgent was not cut short"
-    reserved.wait_for_line(
+    shared.wait_for_line(
         "stand-in start",
-        lambda line: line.endswith("jobs-urgent-reserved-1: standing in: lanes batch (for 30 s)"),
+        lambda line: line.endswith("jobs-shared-1: standing in: lanes batch (for 30 s)"),
     )
-    wait_until("two batch jobs taken", lambda: len(ran(redis, reserved, "started")) >= 2)
+    wait_until("two batch jobs taken", lambda: len(ran(redis, shared, "started")) >= 2)
 
-    status, text = reserved.post("/stand-in?seconds=0")
-    assert status == 200 and value(text, "lanepool_worker_standing_in") == 0
-    over = reserved.wait_for_line(
-        "stand-in over", lambda line: line.endswith(": stand-in over: lanes urgent again")
+    # Called off by the stand-in before it: urgent alone again.
+    status, text = shared.post("/stand-in?lanes=urgent&seconds=3600")
+    assert status == 200 and value(text, "lanepool_worker_standing_in") == 1
+    urgent_alone = ": standing in: lanes urgent (for 3600 s)"
+    wait_until(
+        "the stand-in on urgent again",
+        lambda: sum(line.endswith(urgent_alone) for line in list(shared.lines)) == 2,
     )
-    assert over
     batch_left = redis.llen("rq:queue:batch")
     assert batch_left > 0, "the backlog ran out during the stand-in"
     submit(redis, "urgent", 3, 0.02)
-    wait_until("three urgent jobs", lambda: ran(redis, reserved).count("urgent") == 3)
+    wait_until("three urgent jobs", lambda: ran(redis, shared).count("urgent") == 3)
     time.sleep(0.3)  # a batch job taken by mistake would show now
     assert redis.llen("rq:queue:batch") == batch_left
-    assert set(ran(redis, reserved, "started")[-3:]) == {"urgent"}
+    assert set(ran(redis, shared, "started")[-3:]) == {"urgent"}
+
+    # seconds=0: its own lanes, the batch backlog too.
+    status, text = shared.post("/stand-in?seconds=0")
+    assert status == 200 and value(text, "lanepool_worker_standing_in") == 0
+    over = shared.wait_for_line(
+        "stand-in over", lambda line: line.endswith(": stand-in over: lanes urgent,batch again")
+    )
+    assert over
+    wait_until("the batch backlog", lambda: redis.llen("rq:queue:batch") == 0)
 
 
 def test_a_new_stand_in_replaces_the_last_and_lapses_by_itself(redis, workers):
@@ -194,7 +240,7 @@ def test_sigterm_finishes_the_job_in_hand_and_an_idle_worker_exits_at_once(redis
 
 def test_a_lane_the_queue_does_not_know_is_only_empty(redis, workers):
     shared = rq_worker(workers, redis, "urgent,never-used")
-    status, text = shared.post("/stand-in?lanes=no-such-lane,other&seconds=30")
+    status, text = shared.post("/stand-in?lanes=never-used&seconds=30")
     assert status == 200 and value(text, "lanepool_worker_standing_in") == 1
     submit(redis, "urgent", 1)
     time.sleep(1.2)
@@ -336,3 +382,73 @@ def test_the_fork_worker_counts_in_the_parent(redis, workers):
         lambda: value(forking.get()[1], "lanepool_job_duration_seconds_count", lane="urgent") == 3,
         within=2,
     )
+
+
+# -- the credential ----------------------------------------------------------------------------
+
+
+def test_a_post_without_the_credential_is_refused_and_the_worker_keeps_taking_jobs(
+    redis, workers, credential
+):
+    shared = rq_worker(workers, redis, "urgent,batch")
+    assert_refused_every_request(shared.metrics, credential)
+    _, text = shared.get()
+    assert value(text, "lanepool_worker_draining") == 0
+    assert value(text, "lanepool_worker_standing_in") == 0
+    assert_open_metrics_without_the_token(text, credential)
+    submit(redis, "batch", 1)
+    wait_until("the job run", lambda: ran(redis, shared) == ["batch"])
+    # With it, as before.
+    status, text = shared.post("/stand-in?lanes=batch&seconds=60")
+    assert status == 200 and value(text, "lanepool_worker_standing_in") == 1
+    status, text = shared.post("/drain?seconds=60")
+    assert status == 200 and value(text, "lanepool_worker_draining") == 1
+    submit(redis, "batch", 1)
+    time.sleep(0.5)
+    assert ran(redis, shared, "started") == ["batch"], "a drained worker took a job"
+
+
+def test_a_worker_without_lanepool_credential_file_refuses_every_post_and_says_so(
+    redis, workers, credential
+):
+    unset = rq_worker(workers, redis, "urgent,batch", credential=None)
+    unset.wait_for_line(
+        "the refusal said at start",
+        lambda line: line.endswith(
+            "jobs-shared-1: LANEPOOL_CREDENTIAL_FILE is not set: drain and stand-in requests "
+            "are refused (no credential)"
+        ),
+    )
+    assert_refused_every_request(unset.metrics, credential)
+    for path in ("/drain?seconds=60", "/stand-in?lanes=batch&seconds=60"):
+        assert_unauthorized(unset.post_as(credential.authorization, path), path)
+    _, text = unset.get()
+    assert value(text, "lanepool_worker_draining") == 0
+    assert value(text, "lanepool_worker_credential_required") == 1
+    submit(redis, "urgent", 1)
+    wait_until("the job run", lambda: ran(redis, unset) == ["urgent"])
+
+
+def test_a_rotated_token_counts_at_once_and_the_old_one_is_refused(redis, workers, tmp_path):
+    rotated = write_credential(tmp_path)
+    shared = rq_worker(workers, redis, "urgent,batch", credential=rotated)
+    assert shared.post("/drain?seconds=0")[0] == 200
+    old = rotated.rotate()
+    assert_unauthorized(shared.post_as(f"Bearer {old}", "/drain?seconds=60"), "the old token")
+    status, text = shared.post("/drain?seconds=60")
+    assert status == 200 and value(text, "lanepool_worker_draining") == 1
+
+
+def test_a_stand_in_for_a_lane_not_its_own_is_forbidden_and_changes_nothing(redis, workers):
+    reserved = rq_worker(workers, redis, "urgent", "reserved", "jobs-urgent-reserved-1")
+    submit(redis, "batch", 1)
+    status, body = reserved.post("/stand-in?lanes=batch&seconds=60")
+    assert status == 403
+    assert body == 'POST /stand-in: lane "batch" is not one of this worker\'s lanes (urgent)\n'
+    submit(redis, "urgent", 1)
+    wait_until("its own lane's job", lambda: ran(redis, reserved) == ["urgent"])
+    time.sleep(0.3)
+    assert ran(redis, reserved, "started") == ["urgent"]
+    assert redis.llen("rq:queue:batch") == 1
+    _, text = reserved.get()
+    assert value(text, "lanepool_worker_standing_in") == 0

@@ -4,6 +4,7 @@ lane's jobs, draining, standing in, slots, and the job time and wait histograms 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from lanepool_worker import Config, WorkerState
@@ -83,6 +84,20 @@ def test_draining_and_standing_in_show_in_the_answer():
     assert gauges() == (1, 0)
     state.drain(30)
     assert gauges() == (0, 1)
+
+
+def test_the_answer_says_the_credential_is_required_whatever_the_configuration():
+    # The metrics port refuses every POST without the credential, even with no file configured:
+    # the operator reads this line to tell such a worker from an image that predates it.
+    for credential_file in (None, "/var/run/secrets/lanepool.dev/worker/token"):
+        state = WorkerState(dataclasses.replace(SHARED, credential_file=credential_file))
+        text = text_of(state)
+        assert value(text, "lanepool_worker_credential_required") == 1
+        assert "# TYPE lanepool_worker_credential_required gauge" in text
+        assert [k for k in samples(text) if k[0] == "lanepool_worker_credential_required"] == [
+            ("lanepool_worker_credential_required", ())
+        ]
+        assert "secrets" not in text
 
 
 def test_the_answer_stays_within_what_the_operator_reads():

@@ -28,6 +28,7 @@ from redis import RedisError
 from redis.asyncio import Redis as AsyncRedis
 
 from .config import ConfigError, config_from_env
+from .credential import unset_note
 from .depth import QueueDepth
 from .logs import setup_logging
 from .producer import DEFAULT_KEY_PREFIX
@@ -290,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%s: %s worker of pool %s, lanes %s (in this order), %d slots, metrics %s",
              config.name, config.role, config.pool, ",".join(config.lanes), config.slots,
              metrics)  # fmt: skip
+    if config.metrics_addr is not None and config.credential_file is None:
+        log.warning("%s", unset_note(config.name))
     asyncio.run(_serve_lists(args.url, args.key_prefix, handler, state))
     log.info("%s: stopped, no job in hand", config.name)
     return 0

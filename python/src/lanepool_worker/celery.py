@@ -19,6 +19,7 @@ from celery.worker.request import Request
 from celery.worker.worker import WorkController
 
 from .config import LANES_ENV, ConfigError, config_from_env
+from .credential import unset_note
 from .producer import SUBMITTED_AT
 from .server import ServingThread, serve
 from .state import Job, WorkerState
@@ -179,6 +180,8 @@ class _CeleryWorker:
         self._worker = sender
         if config.metrics_addr is not None:
             self.serving = serve(self.state, config.metrics_addr)
+            if config.credential_file is None:
+                notes.append(unset_note(name))
         self.state.add_listener(self._changed.set)
         threading.Thread(target=self._keep_lanes, name="lanepool-lanes", daemon=True).start()
 

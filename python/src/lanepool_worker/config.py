@@ -1,4 +1,5 @@
-"""What the environment says a worker is: its lanes in order, its role, pool, name and job slots.
+"""What the environment says a worker is: its lanes in order, its role, pool, name and job slots,
+and where the operator mounted the credential its requests carry.
 
 It only reads and validates (with the Rust example worker's texts, each naming the variable); it
 must never guess a value the operator sets, so a hand-made template fails at start, not later.
@@ -16,6 +17,7 @@ ROLE_ENV = "LANEPOOL_ROLE"
 POOL_ENV = "LANEPOOL_POOL"
 SLOTS_ENV = "LANEPOOL_SLOTS"
 METRICS_ADDR_ENV = "LANEPOOL_METRICS_ADDR"
+CREDENTIAL_FILE_ENV = "LANEPOOL_CREDENTIAL_FILE"
 
 DEFAULT_METRICS_ADDR = "0.0.0.0:9100"
 MOST_SLOTS = 1024
@@ -40,6 +42,8 @@ class Config:
     name: str
     slots: int
     metrics_addr: tuple[str, int] | None
+    # The file holding the pool's worker credential; None: every drain and stand-in is refused.
+    credential_file: str | None = None
 
 
 def config_from_env(environ: Mapping[str, str] = os.environ) -> Config:
@@ -67,7 +71,9 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> Config:
     slots = _slots(environ.get(SLOTS_ENV, "").strip())
     metrics_addr = _metrics_addr(environ.get(METRICS_ADDR_ENV, "").strip())
     name = environ.get("HOSTNAME", "").strip() or f"{pool}-{role}-{os.getpid()}"
-    return Config(lanes, role, pool, name, slots, metrics_addr)
+    # Never a reason to refuse to start: a worker without it runs its jobs and refuses requests.
+    credential_file = environ.get(CREDENTIAL_FILE_ENV, "").strip() or None
+    return Config(lanes, role, pool, name, slots, metrics_addr, credential_file)
 
 
 def _required(environ: Mapping[str, str], name: str, expected: str) -> str:

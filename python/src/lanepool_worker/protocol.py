@@ -1,4 +1,5 @@
-"""The operator's requests at the metrics port, read from a request target: drain and stand-in.
+"""The operator's requests at the metrics port, read from a request target: drain and stand-in,
+and the rule that a stand-in names only the worker's own lanes.
 
 Pure functions, the same rules and one-line reasons as the Rust example worker
 (`examples/lane_worker.rs`); they must never act on a request they refuse, nor percent-decode
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import debug_str
@@ -35,6 +37,10 @@ _WHOLE = re.compile(r"[0-9]+")
 class BadRequest(ValueError):
     """A drain or stand-in request refused: `str()` of what `read_request` raises is the 400
     answer's one line (without its newline)."""
+
+
+class Forbidden(ValueError):
+    """A well-formed request this worker may not follow: `str()` is the 403 answer's one line."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,19 @@ def stand_in_query(query: str) -> StandIn:
         f"lanes is missing: a stand-in for {seconds} s needs the lanes to take jobs from, "
         f"{expected}"
     )
+
+
+def check_own_lanes(request: StandIn, own: Sequence[str]) -> None:
+    """Raises `Forbidden` naming the first lane of `request` that is not one of `own` (the
+    worker's LANEPOOL_LANES), so that not even a request with the credential can point the worker
+    at a queue it was never given (another pool's lane on the same Redis). The operator only ever
+    asks a shared worker to stand in for a lane it serves already."""
+    foreign = next((lane for lane in request.lanes if lane not in own), None)
+    if foreign is not None:
+        raise Forbidden(
+            f"POST /stand-in: lane {debug_str(foreign)} is not one of this worker's lanes "
+            f"({','.join(own)})"
+        )
 
 
 def stand_in_lanes(text: str) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from rq.queue import Queue
 from rq.worker import BaseWorker, SimpleWorker, Worker, WorkerStatus
 
 from .config import SLOTS_ENV, Config, ConfigError, config_from_env
+from .credential import unset_note
 from .depth import QueueDepth
 from .logs import setup_logging
 from .producer import SUBMITTED_AT
@@ -443,6 +444,8 @@ def run_rq_worker(
         worker_class,
         metrics,
     )
+    if config.metrics_addr is not None and config.credential_file is None:
+        log.warning("%s", unset_note(config.name))
     return worker
 
 

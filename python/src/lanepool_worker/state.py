@@ -287,3 +287,10 @@ class _WorkerGauges(Collector):
             "Jobs the worker runs at once (LANEPOOL_SLOTS)",
             value=state.config.slots,
         )
+        # Always 1: the metrics port (`serve`) refuses every POST without the credential, even
+        # with none configured. Its absence is how the operator tells an image that predates it.
+        yield GaugeMetricFamily(
+            "lanepool_worker_credential_required",
+            "1: drain and stand-in requests need the pool's worker credential",
+            value=1,
+        )
