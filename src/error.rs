@@ -17,12 +17,14 @@ pub enum Error {
         source: InvalidDuration,
     },
 
-    /// A Secret the LanePool refers to is missing, or lacks the key.
-    #[error("{field}: Secret {name:?} has no key {key:?} (or does not exist)")]
+    /// A Secret the LanePool refers to is missing, or lacks a key. One message for both, naming
+    /// every key the field needs: a pool's author learns nothing of a Secret they may not read
+    /// (whether it exists, which of its keys do).
+    #[error("{field}: Secret {name:?} does not exist or lacks one of the keys {keys}")]
     MissingSecret {
         field: &'static str,
         name: String,
-        key: String,
+        keys: String,
     },
 
     /// The pool names a Prometheus the operator may not send its credentials to.

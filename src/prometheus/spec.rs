@@ -144,19 +144,55 @@ where
         name: &str,
         keys: [&str; N],
     ) -> Result<[Vec<u8>; N]> {
-        let missing = |key: &str| Error::MissingSecret {
+        let missing = || Error::MissingSecret {
             field,
             name: name.to_string(),
-            key: key.to_string(),
+            keys: keys.map(|k| format!("{k:?}")).join(", "),
         };
-        let secret = (self.0)(name.to_string())
-            .await?
-            .ok_or_else(|| missing(&keys.join(", ")))?;
+        let secret = (self.0)(name.to_string()).await?.ok_or_else(missing)?;
         let mut data = secret.data.unwrap_or_default();
         let mut values = [(); N].map(|_| Vec::new());
         for (value, key) in values.iter_mut().zip(keys) {
-            *value = data.remove(key).ok_or_else(|| missing(key))?.0;
+            *value = data.remove(key).ok_or_else(missing)?.0;
         }
         Ok(values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(keys: &[&str]) -> Secret {
+        let data = keys
+            .iter()
+            .map(|k| (k.to_string(), k8s_openapi::ByteString(b"pem".to_vec())))
+            .collect();
+        Secret {
+            data: Some(data),
+            ..Secret::default()
+        }
+    }
+
+    async fn read(found: Option<Secret>) -> String {
+        let secrets = Secrets(|_| {
+            let found = found.clone();
+            async move { Ok(found) }
+        });
+        let field = "spec.prometheus.clientCertificateSecret";
+        let read = secrets.keys(field, "team-b-tls", ["tls.crt", "tls.key"]);
+        read.await.unwrap_err().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_missing_secret_and_a_missing_key_read_alike() {
+        let absent = read(None).await;
+        assert_eq!(
+            absent,
+            "spec.prometheus.clientCertificateSecret: Secret \"team-b-tls\" does not exist or \
+             lacks one of the keys \"tls.crt\", \"tls.key\""
+        );
+        assert_eq!(read(Some(secret(&["tls.crt"]))).await, absent);
+        assert_eq!(read(Some(secret(&[]))).await, absent);
     }
 }
