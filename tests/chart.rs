@@ -11,6 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -95,7 +96,7 @@ fn operator_rules() -> Value {
         {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     ])
 }
@@ -109,7 +110,7 @@ fn the_chart_lints_and_carries_the_repositorys_crd() {
         "--strict",
         CHART,
         "--set",
-        "watchNamespaces={a,b},serviceMonitor.enabled=true,prometheusRule.enabled=true,podDisruptionBudget.enabled=true",
+        "watchNamespaces={a,b},serviceMonitor.enabled=true,prometheusRule.enabled=true,podDisruptionBudget.enabled=true,networkPolicy.enabled=true",
     ]);
     assert!(
         ok,
@@ -165,6 +166,13 @@ fn a_typo_or_a_wrong_value_fails_naming_the_key() {
             &["watchNamespaces={Not_A_Namespace}"][..],
             "watchNamespaces",
         ),
+        (&["networkPolicy.enable=true"][..], "enable"),
+        (
+            &["networkPolicy.metricsFrom[0].podSelektor.matchLabels.app=x"][..],
+            "podSelektor",
+        ),
+        (&["networkPolicy.apiServer.cidrs={10.0.0.1}"][..], "cidrs"),
+        (&["networkPolicy.workers.ports={0}"][..], "ports"),
     ] {
         let error = template(sets).expect_err(&format!("{sets:?} must be refused"));
         assert!(
@@ -199,6 +207,12 @@ fn every_object_of_the_values_schema_refuses_unknown_keys() {
         for key in ["items", "additionalProperties"] {
             if node[key].is_object() {
                 walk(&format!("{path}/{key}"), &node[key], loose);
+            }
+        }
+        // What `$ref` points at (a NetworkPolicy peer, a label selector) is held to the same.
+        if let Some(definitions) = node["definitions"].as_object() {
+            for (key, child) in definitions {
+                walk(&format!("{path}/definitions/{key}"), child, loose);
             }
         }
     }
@@ -292,9 +306,15 @@ fn optional_resources_render_only_when_enabled() {
         "serviceMonitor.enabled=true",
         "prometheusRule.enabled=true",
         "podDisruptionBudget.enabled=true",
+        "networkPolicy.enabled=true",
     ])
     .unwrap();
-    for kind in ["ServiceMonitor", "PrometheusRule", "PodDisruptionBudget"] {
+    for kind in [
+        "ServiceMonitor",
+        "PrometheusRule",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    ] {
         assert_eq!(of_kind(&enabled, kind).len(), 1, "{kind} rendered once");
     }
 
@@ -815,6 +835,159 @@ fn rbac_is_exactly_what_the_operator_needs() {
     }
 }
 
+#[test]
+fn the_admission_policies_bind_the_operator_only_and_turn_off_with_one_value() {
+    let documents = template(&["serviceAccount.name=steward"]).unwrap();
+    let policies = of_kind(&documents, "ValidatingAdmissionPolicy");
+    let bindings = of_kind(&documents, "ValidatingAdmissionPolicyBinding");
+    let names = |documents: &[&Value]| -> BTreeSet<String> {
+        documents
+            .iter()
+            .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&policies),
+        BTreeSet::from(
+            [
+                "lanepool-pod-deletion-cost-only",
+                "lanepool-pool-deployments-only",
+                "lanepool-worker-credential-only",
+            ]
+            .map(String::from)
+        )
+    );
+    assert_eq!(names(&bindings), names(&policies), "one binding each");
+    for binding in &bindings {
+        assert_eq!(binding["spec"]["policyName"], binding["metadata"]["name"]);
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    }
+    let resources = |policy: &Value| policy["spec"]["matchConstraints"]["resourceRules"].clone();
+    for policy in &policies {
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        assert_eq!(
+            policy["spec"]["matchConditions"],
+            json!([{"name": "the-operator", "expression":
+                "request.userInfo.username == \"system:serviceaccount:lanepool-system:steward\""}]),
+            "{}: the operator's ServiceAccount and nobody else",
+            policy["metadata"]["name"]
+        );
+    }
+    let by_name = |name: &str| {
+        *policies
+            .iter()
+            .find(|p| p["metadata"]["name"] == name)
+            .unwrap()
+    };
+    assert_eq!(
+        resources(by_name("lanepool-pool-deployments-only")),
+        json!([{"apiGroups": ["apps"], "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["deployments"]}])
+    );
+    assert_eq!(
+        resources(by_name("lanepool-worker-credential-only")),
+        json!([{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["secrets"]}])
+    );
+    assert_eq!(
+        resources(by_name("lanepool-pod-deletion-cost-only")),
+        json!([{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["pods", "pods/status"]}])
+    );
+
+    let off = template(&["rbac.podAdmissionPolicy=false"]).unwrap();
+    assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
+    assert!(of_kind(&off, "ValidatingAdmissionPolicyBinding").is_empty());
+}
+
+#[test]
+fn the_network_policy_opens_only_what_its_values_name() {
+    assert!(of_kind(&template(&[]).unwrap(), "NetworkPolicy").is_empty());
+
+    // The defaults: scraped from the namespace `monitoring`; out to the API server anywhere on
+    // 443 and 6443, DNS anywhere, Prometheus in `monitoring` on 9090, and every namespace's
+    // pool-labelled Pods on 9100.
+    let documents = template(&["networkPolicy.enabled=true"]).unwrap();
+    let policies = of_kind(&documents, "NetworkPolicy");
+    assert_eq!(policies.len(), 1);
+    let policy = policies[0];
+    let deployment = of_kind(&documents, "Deployment")[0];
+    assert_eq!(policy["metadata"]["namespace"], "lanepool-system");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "it selects the operator's Pods"
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    let tcp = |port: u16| json!({"port": port, "protocol": "TCP"});
+    let namespace = |name: &str| json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}});
+    let dns = json!([{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]);
+    let pool_pods =
+        json!({"matchExpressions": [{"key": "lanepool.dev/pool", "operator": "Exists"}]});
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"from": [namespace("monitoring")], "ports": [tcp(8080)]}])
+    );
+    assert_eq!(
+        policy["spec"]["egress"],
+        json!([
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}],
+             "ports": [tcp(443), tcp(6443)]},
+            {"ports": dns},
+            {"to": [namespace("monitoring")], "ports": [tcp(9090)]},
+            {"to": [{"podSelector": pool_pods, "namespaceSelector": {}}], "ports": [tcp(9100)]},
+        ])
+    );
+
+    // Every peer and port is a value; the workers are those of the namespaces watched.
+    let documents = template(&[
+        "networkPolicy.enabled=true",
+        "metrics.port=9000",
+        "watchNamespaces={team-a,team-b}",
+        "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=observability",
+        "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+        "networkPolicy.apiServer.ports={6443}",
+        "networkPolicy.dns.to[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=kube-system",
+        "networkPolicy.prometheus.to=null",
+        "networkPolicy.prometheus.ports={9091,9092}",
+        "networkPolicy.workers.ports={9100,9200}",
+    ])
+    .unwrap();
+    let policy = of_kind(&documents, "NetworkPolicy")[0];
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"from": [{"podSelector": {"matchLabels": {"app": "prometheus"}},
+                          "namespaceSelector": {"matchLabels": {"team": "observability"}}}],
+                "ports": [tcp(9000)]}])
+    );
+    let watched = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                               "operator": "In", "values": ["team-a", "team-b"]}]});
+    assert_eq!(
+        policy["spec"]["egress"],
+        json!([
+            {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [tcp(6443)]},
+            {"to": [namespace("kube-system")], "ports": dns},
+            {"ports": [tcp(9091), tcp(9092)]},
+            {"to": [{"podSelector": pool_pods, "namespaceSelector": watched}],
+             "ports": [tcp(9100), tcp(9200)]},
+        ])
+    );
+
+    // Empty lists close what they name: no ingress at all, no Prometheus, no worker.
+    let documents = template(&[
+        "networkPolicy.enabled=true",
+        "networkPolicy.metricsFrom=null",
+        "networkPolicy.prometheus.ports=null",
+        "networkPolicy.workers.ports=null",
+    ])
+    .unwrap();
+    let policy = of_kind(&documents, "NetworkPolicy")[0];
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(policy["spec"]["ingress"], json!([]));
+    let egress = policy["spec"]["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 2, "the API server and DNS only: {egress:?}");
+}
+
 // ---- Installed into the real API server ----
 
 /// The two installs run one at a time: a cluster-wide operator would also reconcile the other
@@ -858,6 +1031,459 @@ fn forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) {
     }
 }
 
+/// A request the chart's admission policy `policy` refused: the API server names the policy and
+/// quotes the validation's `message`.
+fn refused_by<T: std::fmt::Debug>(
+    result: kube::Result<T>,
+    policy: &str,
+    message: &str,
+    what: &str,
+) {
+    match result {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains(&format!("ValidatingAdmissionPolicy '{policy}'"))
+                && status.message.contains(message),
+            "{what}: expected {policy} to refuse it with {message:?}, got {status:?}"
+        ),
+        other => panic!("{what}: expected {policy} to refuse it, got {other:?}"),
+    }
+}
+
+/// A controller ownerReference to the LanePool `pool`. The policies read the reference, not the
+/// pool: no such LanePool need exist (and no garbage collector runs here to remove what it owns).
+fn controlled_by(pool: &str) -> Value {
+    json!({"apiVersion": "lanepool.dev/v1alpha1", "kind": "LanePool", "name": pool,
+           "uid": "5f0c3c1e-7d1a-4b8e-9c55-0a1b2c3d4e5f", "controller": true})
+}
+
+/// A Deployment of no workers named `name`, with `labels` and the ownerReferences `owners`.
+fn deployment_of(name: &str, labels: Value, owners: Value) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "worker", "image": "worker"}]},
+            },
+        },
+    }))
+    .unwrap()
+}
+
+/// An Opaque Secret holding a token, named `name`, with `labels` and the ownerReferences `owners`.
+fn secret_of(name: &str, labels: Value, owners: Value) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+        "type": "Opaque",
+        // "token", base64.
+        "data": {"token": "dG9rZW4="},
+    }))
+    .unwrap()
+}
+
+/// As the chart's operator (`operator_client`), in a namespace it watches (`pools`): it creates,
+/// changes and deletes only Deployments a LanePool controls and labels with its name (the
+/// admission policy), and none at all in a namespace it does not watch (RBAC, for a namespaced
+/// install).
+async fn only_its_pools_deployments(
+    operator_client: &Client,
+    admin: &Client,
+    pools: &str,
+    elsewhere: &str,
+    release: &str,
+    namespaced: bool,
+) {
+    let create = PostParams::default();
+    let no_params = PatchParams::default();
+    let merge = |patch: Value| Patch::Merge(patch);
+    let pool = |name: &str| json!({"lanepool.dev/pool": name});
+    let deployments_policy = format!("{release}-pool-deployments-only");
+    let not_a_pools = "lanepool writes only a Deployment a LanePool controls, labelled \
+                       lanepool.dev/pool with the LanePool's name";
+    let adopts_none = "lanepool changes or deletes only a Deployment a LanePool already controls";
+    let operator_deployments = Api::<Deployment>::namespaced(operator_client.clone(), pools);
+    let admin_deployments = Api::<Deployment>::namespaced(admin.clone(), pools);
+    // Each policy loads as the Pods' did: until it has, a create goes through (and is undone).
+    let mut tries = 0;
+    until(20, "the operator's unowned Deployment refused", || {
+        tries += 1;
+        let name = format!("unowned-{tries}");
+        let operator_deployments = operator_deployments.clone();
+        let admin_deployments = admin_deployments.clone();
+        async move {
+            let unowned = deployment_of(&name, json!({}), json!([]));
+            match operator_deployments
+                .create(&PostParams::default(), &unowned)
+                .await
+            {
+                Ok(_) => {
+                    admin_deployments
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .unwrap();
+                    false
+                }
+                Err(_) => true,
+            }
+        }
+    })
+    .await;
+    let mut owned_not_controlled = controlled_by("ghost");
+    owned_not_controlled["controller"] = json!(false);
+    let mut another_kind = controlled_by("ghost");
+    another_kind["apiVersion"] = json!("example.com/v1");
+    for (what, labels, owners) in [
+        ("no owner", pool("ghost"), json!([])),
+        (
+            "a LanePool owner that is not its controller",
+            pool("ghost"),
+            json!([owned_not_controlled]),
+        ),
+        (
+            "a controller LanePool of another API group",
+            pool("ghost"),
+            json!([another_kind]),
+        ),
+        (
+            "labelled with another pool",
+            pool("other"),
+            json!([controlled_by("ghost")]),
+        ),
+        ("not labelled", json!({}), json!([controlled_by("ghost")])),
+    ] {
+        refused_by(
+            operator_deployments
+                .create(&create, &deployment_of("ghost-shared", labels, owners))
+                .await,
+            &deployments_policy,
+            not_a_pools,
+            what,
+        );
+    }
+    let elsewhere_deployment = Api::<Deployment>::namespaced(operator_client.clone(), elsewhere)
+        .create(&create, &deployment_of("unowned", json!({}), json!([])))
+        .await;
+    if namespaced {
+        assert!(
+            !allowed(
+                operator_client,
+                "create",
+                "apps",
+                "deployments",
+                Some(elsewhere)
+            )
+            .await,
+            "a namespaced install cannot create deployments in {elsewhere}"
+        );
+        forbidden(
+            elsewhere_deployment,
+            "creating a Deployment outside the watched namespace",
+        );
+    } else {
+        refused_by(
+            elsewhere_deployment,
+            &deployments_policy,
+            not_a_pools,
+            "an unowned Deployment in another namespace",
+        );
+    }
+    // A pool's Deployment: created, scaled and deleted; never moved to another pool.
+    operator_deployments
+        .create(
+            &create,
+            &deployment_of(
+                "ghost-shared",
+                pool("ghost"),
+                json!([controlled_by("ghost")]),
+            ),
+        )
+        .await
+        .expect("the operator creates a Deployment its LanePool controls and labels");
+    operator_deployments
+        .patch(
+            "ghost-shared",
+            &no_params,
+            &merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("the operator scales a pool's Deployment");
+    refused_by(
+        operator_deployments
+            .patch(
+                "ghost-shared",
+                &no_params,
+                &merge(json!({"metadata": {"labels": pool("other")}})),
+            )
+            .await,
+        &deployments_policy,
+        not_a_pools,
+        "relabelled with another pool",
+    );
+    refused_by(
+        operator_deployments
+            .patch(
+                "ghost-shared",
+                &no_params,
+                &merge(json!({"metadata": {"labels": pool("phantom"),
+                                           "ownerReferences": [controlled_by("phantom")]}})),
+            )
+            .await,
+        &deployments_policy,
+        "lanepool moves no Deployment from one LanePool to another",
+        "handed to another LanePool",
+    );
+    // A pool's Deployment whose label someone removed is still the pool's: the operator puts
+    // the label back.
+    admin_deployments
+        .patch(
+            "ghost-shared",
+            &no_params,
+            &merge(json!({"metadata": {"labels": {"lanepool.dev/pool": null}}})),
+        )
+        .await
+        .unwrap();
+    operator_deployments
+        .patch(
+            "ghost-shared",
+            &no_params,
+            &merge(json!({"metadata": {"labels": pool("ghost")}})),
+        )
+        .await
+        .expect("the operator relabels its pool's Deployment");
+    // Someone else's Deployment: the operator can neither adopt it nor delete it.
+    admin_deployments
+        .create(
+            &create,
+            &deployment_of("someone-elses", json!({}), json!([])),
+        )
+        .await
+        .expect("the admin is not bound by the operator's policy");
+    refused_by(
+        operator_deployments
+            .patch(
+                "someone-elses",
+                &no_params,
+                &merge(json!({"metadata": {"labels": pool("ghost"),
+                                           "ownerReferences": [controlled_by("ghost")]}})),
+            )
+            .await,
+        &deployments_policy,
+        adopts_none,
+        "adopting someone else's Deployment",
+    );
+    refused_by(
+        operator_deployments
+            .delete("someone-elses", &DeleteParams::default())
+            .await,
+        &deployments_policy,
+        adopts_none,
+        "deleting someone else's Deployment",
+    );
+    assert!(
+        admin_deployments
+            .get_opt("someone-elses")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    operator_deployments
+        .delete("ghost-shared", &DeleteParams::default())
+        .await
+        .expect("the operator deletes a pool's Deployment");
+}
+
+/// As the chart's operator (`operator_client`), in a namespace it watches (`pools`): it creates
+/// and patches only an Opaque `<pool>-worker-credential` the LanePool `<pool>` controls and labels
+/// (the admission policy), adopts none, changes no Secret it only reads, and deletes none (RBAC).
+async fn only_its_pools_credentials(
+    operator_client: &Client,
+    admin: &Client,
+    pools: &str,
+    release: &str,
+) {
+    let create = PostParams::default();
+    let no_params = PatchParams::default();
+    let merge = |patch: Value| Patch::Merge(patch);
+    let pool = |name: &str| json!({"lanepool.dev/pool": name});
+    let secrets_policy = format!("{release}-worker-credential-only");
+    let not_a_credential = "lanepool writes only the Secret <pool>-worker-credential that the \
+                            LanePool <pool> controls, labelled lanepool.dev/pool=<pool>";
+    let operator_secrets = Api::<Secret>::namespaced(operator_client.clone(), pools);
+    let admin_secrets = Api::<Secret>::namespaced(admin.clone(), pools);
+    // The policy loads as the Pods' did: until it has, a create goes through (and is undone).
+    let mut tries = 0;
+    until(20, "the operator's Secret of another name refused", || {
+        tries += 1;
+        let name = format!("ghost-token-{tries}");
+        let operator_secrets = operator_secrets.clone();
+        let admin_secrets = admin_secrets.clone();
+        async move {
+            let named_otherwise = secret_of(&name, pool("ghost"), json!([controlled_by("ghost")]));
+            match operator_secrets
+                .create(&PostParams::default(), &named_otherwise)
+                .await
+            {
+                Ok(_) => {
+                    admin_secrets
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .unwrap();
+                    false
+                }
+                Err(_) => true,
+            }
+        }
+    })
+    .await;
+    let credential = "ghost-worker-credential";
+    let mut owned_not_controlled = controlled_by("ghost");
+    owned_not_controlled["controller"] = json!(false);
+    for (what, name, labels, owners) in [
+        (
+            "another name",
+            "ghost-token",
+            pool("ghost"),
+            json!([controlled_by("ghost")]),
+        ),
+        ("no owner", credential, pool("ghost"), json!([])),
+        (
+            "another pool's owner",
+            credential,
+            pool("ghost"),
+            json!([controlled_by("phantom")]),
+        ),
+        (
+            "owned, not controlled",
+            credential,
+            pool("ghost"),
+            json!([owned_not_controlled]),
+        ),
+        (
+            "not labelled",
+            credential,
+            json!({}),
+            json!([controlled_by("ghost")]),
+        ),
+        (
+            "labelled with another pool",
+            credential,
+            pool("phantom"),
+            json!([controlled_by("ghost")]),
+        ),
+    ] {
+        refused_by(
+            operator_secrets
+                .create(&create, &secret_of(name, labels, owners))
+                .await,
+            &secrets_policy,
+            not_a_credential,
+            what,
+        );
+    }
+    // A ServiceAccount token Secret the operator could read back would be a token of that
+    // ServiceAccount: refused, however it is named and owned.
+    let mut account_token = secret_of(credential, pool("ghost"), json!([controlled_by("ghost")]));
+    account_token.type_ = Some("kubernetes.io/service-account-token".into());
+    account_token.metadata.annotations = Some(BTreeMap::from([(
+        "kubernetes.io/service-account.name".to_string(),
+        "default".to_string(),
+    )]));
+    refused_by(
+        operator_secrets.create(&create, &account_token).await,
+        &secrets_policy,
+        "lanepool writes only Secrets of type Opaque",
+        "a service-account-token Secret",
+    );
+    // The pool's credential: created, then rotated by merge patches.
+    operator_secrets
+        .create(
+            &create,
+            &secret_of(credential, pool("ghost"), json!([controlled_by("ghost")])),
+        )
+        .await
+        .expect("the operator creates a pool's worker credential");
+    operator_secrets
+        .patch(
+            credential,
+            &no_params,
+            &merge(json!({"data": {"token": "bmV3", "previous": "dG9rZW4="},
+                          "metadata": {"annotations": {"lanepool.dev/rotated-at": "2026-12-05T00:00:00Z"}}})),
+        )
+        .await
+        .expect("the operator rotates a pool's worker credential");
+    refused_by(
+        operator_secrets
+            .patch(
+                credential,
+                &no_params,
+                &merge(json!({"metadata": {"labels": {"lanepool.dev/pool": null}}})),
+            )
+            .await,
+        &secrets_policy,
+        not_a_credential,
+        "unlabelling a worker credential",
+    );
+    // Secrets it only reads (a pool's bearer token): never changed, never deleted, never adopted.
+    admin_secrets
+        .create(
+            &create,
+            &secret_of("prometheus-token", json!({}), json!([])),
+        )
+        .await
+        .unwrap();
+    refused_by(
+        operator_secrets
+            .patch(
+                "prometheus-token",
+                &no_params,
+                &merge(json!({"data": {"token": "c3RvbGVu"}})),
+            )
+            .await,
+        &secrets_policy,
+        not_a_credential,
+        "changing a Secret the operator reads",
+    );
+    for name in ["prometheus-token", credential] {
+        forbidden(
+            operator_secrets
+                .delete(name, &DeleteParams::default())
+                .await,
+            &format!("deleting the Secret {name}"),
+        );
+    }
+    admin_secrets
+        .create(
+            &create,
+            &secret_of("orphan-worker-credential", json!({}), json!([])),
+        )
+        .await
+        .unwrap();
+    refused_by(
+        operator_secrets
+            .patch(
+                "orphan-worker-credential",
+                &no_params,
+                &merge(json!({"metadata": {"labels": pool("orphan"),
+                                           "ownerReferences": [controlled_by("orphan")]}})),
+            )
+            .await,
+        &secrets_policy,
+        "lanepool changes only a Secret that already is a LanePool's worker credential: it \
+         adopts none",
+        "adopting a Secret",
+    );
+    let read_only = admin_secrets.get("prometheus-token").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(read_only.data).unwrap(),
+        json!({"token": "dG9rZW4="}),
+        "the Secret the operator reads is as its owner wrote it"
+    );
+}
+
 /// Installs the chart (release `release`, watching `watch` or every namespace), runs the
 /// operator in-process as the chart's ServiceAccount with the flags of the installed
 /// Deployment, and checks that it sizes the example pool in `pools` and can do nothing else.
@@ -890,6 +1516,9 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         "crds.enabled=false",
         "--set",
         &prometheus_url,
+        // The API server must take the NetworkPolicy (no network plugin here enforces it).
+        "--set",
+        "networkPolicy.enabled=true",
     ];
     if namespaced {
         args.extend(["--set", &watch]);
@@ -918,6 +1547,37 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         .spec
         .unwrap();
     assert_eq!(pod.service_account_name.as_deref(), Some(account.as_str()));
+    // ... and the NetworkPolicy, stored, selecting the operator's Pods and reaching the workers
+    // of the namespaces watched.
+    let network_policies = Api::<NetworkPolicy>::namespaced(admin.clone(), &system)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+        .await
+        .unwrap();
+    assert_eq!(network_policies.items.len(), 1);
+    let network_policy = serde_json::to_value(&network_policies.items[0].spec).unwrap();
+    let pod_labels = serde_json::to_value(&operator.items[0].spec.as_ref().unwrap().template)
+        .unwrap()["metadata"]["labels"]
+        .clone();
+    let selected = network_policy["podSelector"]["matchLabels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !selected.is_empty() && selected.iter().all(|(k, v)| &pod_labels[k] == v),
+        "{network_policy} selects the operator's Pods ({pod_labels})"
+    );
+    let workers =
+        network_policy["egress"].as_array().unwrap().last().unwrap()["to"][0]["namespaceSelector"]
+            .clone();
+    assert_eq!(
+        workers,
+        if namespaced {
+            json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                         "operator": "In", "values": [pools]}]})
+        } else {
+            json!({})
+        }
+    );
     let args = pod.containers[0].args.clone().unwrap();
     let namespaces: Vec<String> = args
         .iter()
@@ -1008,6 +1668,9 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         ("watch", "", "pods"),
         ("patch", "", "pods"),
         ("get", "", "secrets"),
+        // The worker credentials; the admission policy narrows both to those.
+        ("create", "", "secrets"),
+        ("patch", "", "secrets"),
         ("create", "events.k8s.io", "events"),
         ("patch", "", "events"),
     ] {
@@ -1033,7 +1696,9 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     for (verb, group, resource) in [
         ("list", "", "secrets"),
         ("watch", "", "secrets"),
-        ("create", "", "secrets"),
+        ("update", "", "secrets"),
+        ("delete", "", "secrets"),
+        ("deletecollection", "", "secrets"),
         ("get", "", "pods"),
         ("delete", "", "pods"),
         ("create", "", "pods/eviction"),
@@ -1195,6 +1860,15 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         ("Ready condition", condition("Ready")),
         ("phase", json!({"status": {"phase": "Failed"}})),
         ("podIP", json!({"status": {"podIP": "10.9.9.9"}})),
+        // The rest of the status too, whatever field: none but the gate's condition changes.
+        ("another condition", condition("example.com/other")),
+        ("hostIP", json!({"status": {"hostIP": "10.9.9.8"}})),
+        ("message", json!({"status": {"message": "moved"}})),
+        ("reason", json!({"status": {"reason": "Moved"}})),
+        (
+            "nominatedNodeName",
+            json!({"status": {"nominatedNodeName": "elsewhere"}}),
+        ),
     ] {
         match status(change).await {
             Err(kube::Error::Api(status)) => {
@@ -1235,6 +1909,112 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
         )
         .await
         .expect("the admin is not bound by the operator's policy");
+    // A condition someone else set stays as they set it; the gate's changes beside it.
+    admin_pods
+        .patch_status(
+            "guarded",
+            &PatchParams::default(),
+            &Patch::Strategic(condition("example.com/other")),
+        )
+        .await
+        .unwrap();
+    let other_condition_false = json!({"status": {"conditions": [{"type": "example.com/other",
+        "status": "False", "lastTransitionTime": "2026-12-05T00:00:01Z"}]}});
+    match status(other_condition_false).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("lanepool changes no Pod status"),
+            "{status:?}"
+        ),
+        other => panic!("another's condition: expected a refusal, got {other:?}"),
+    }
+    let gate_false = json!({"status": {"conditions": [{"type": "lanepool.dev/takeover",
+        "status": "False", "lastTransitionTime": "2026-12-05T00:00:02Z"}]}});
+    status(gate_false)
+        .await
+        .expect("the takeover condition changes beside another's");
+
+    // Deployments and Secrets: the operator writes only its pools'.
+    only_its_pools_deployments(
+        &operator_client,
+        &admin,
+        &pools,
+        &elsewhere,
+        release,
+        namespaced,
+    )
+    .await;
+    // With every policy in force, the operator still writes its own pool's: a Deployment of the
+    // pool deleted is created again.
+    deployments
+        .delete("jobs-shared", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(40, "jobs-shared created again by the operator", || async {
+        replicas("jobs-shared").await == Some(9)
+    })
+    .await;
+
+    only_its_pools_credentials(&operator_client, &admin, &pools, release).await;
+
+    // The operator's own writes pass every policy: once the pool's workers serve a `metrics`
+    // port, it creates the pool's credential and updates both Deployments to mount it.
+    let mut template =
+        serde_json::to_value(&lanepools.get("jobs").await.unwrap().spec.template).unwrap();
+    template["spec"]["containers"][0]["ports"] =
+        json!([{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]);
+    lanepools
+        .patch(
+            "jobs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template}})),
+        )
+        .await
+        .unwrap();
+    let jobs_uid = lanepools.get("jobs").await.unwrap().uid().unwrap();
+    let admin_secrets = Api::<Secret>::namespaced(admin.clone(), &pools);
+    until(
+        40,
+        "jobs-worker-credential, written by the operator",
+        || async {
+            admin_secrets
+                .get_opt("jobs-worker-credential")
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    let written = admin_secrets.get("jobs-worker-credential").await.unwrap();
+    assert_eq!(written.type_.as_deref(), Some("Opaque"));
+    assert_eq!(
+        written
+            .labels()
+            .get("lanepool.dev/pool")
+            .map(String::as_str),
+        Some("jobs")
+    );
+    let owner = written.owner_references().first().cloned().unwrap();
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("LanePool", jobs_uid.as_str(), Some(true))
+    );
+    for name in ["jobs-urgent-reserved", "jobs-shared"] {
+        until(40, &format!("{name} mounts the credential"), || async {
+            deployments
+                .get(name)
+                .await
+                .unwrap()
+                .spec
+                .and_then(|spec| spec.template.spec)
+                .is_some_and(|pod| {
+                    pod.volumes.unwrap_or_default().iter().any(|v| {
+                        v.secret.as_ref().and_then(|s| s.secret_name.as_deref())
+                            == Some("jobs-worker-credential")
+                    })
+                })
+        })
+        .await;
+    }
 
     // Clean up: stop the operator; delete the pool so that no later operator reconciles it.
     assert!(
@@ -1266,6 +2046,106 @@ async fn installed_for_one_namespace_its_role_is_enough_and_no_more() {
 async fn installed_cluster_wide_its_cluster_role_is_enough_and_no_more() {
     // A release name of its own: ClusterRoles are not namespaced.
     install_and_size_a_pool("lanepool-cluster-wide", false).await;
+}
+
+// ---- NetworkPolicies, as the API server takes them ----
+
+/// The example NetworkPolicy for a pool's workers and the chart's own, with peers of every kind
+/// its values take, are valid NetworkPolicies: the API server takes them by server-side apply
+/// and stores them as written. No network plugin here enforces them; what they select is
+/// checked against the chart's labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_and_operator_network_policies_apply_server_side() {
+    let plane = testenv::shared().expect("the control plane starts");
+    let admin = plane.client().await.unwrap();
+    let namespace = plane.namespace(&admin, "netpol").await.unwrap();
+    let policies = Api::<NetworkPolicy>::namespaced(admin.clone(), &namespace);
+    let apply = PatchParams::apply("lanepool-chart-test");
+    let stored_as_written = |stored: NetworkPolicy, written: &Value, what: &str| {
+        assert_eq!(
+            serde_json::to_value(stored.spec).unwrap(),
+            written["spec"],
+            "{what}: stored as written"
+        );
+    };
+
+    let example: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/networkpolicy-workers.yaml"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let stored = policies
+        .patch("jobs-workers", &apply, &Patch::Apply(&example))
+        .await
+        .expect("the API server takes examples/networkpolicy-workers.yaml");
+    stored_as_written(stored, &example, "the example");
+    // It selects the pool's workers and lets in, on their port named metrics, the chart's
+    // operator Pods in the namespace the chart's README installs it in, and Prometheus.
+    let spec = &example["spec"];
+    assert_eq!(
+        spec["podSelector"],
+        json!({"matchLabels": {"lanepool.dev/pool": "jobs"}})
+    );
+    assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+    let rules = spec["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0]["ports"],
+        json!([{"port": "metrics", "protocol": "TCP"}])
+    );
+    let peers = rules[0]["from"].as_array().unwrap();
+    assert_eq!(peers.len(), 2, "the operator and Prometheus: {peers:?}");
+    let documents = template(&[]).unwrap();
+    let operator_pod_labels =
+        &of_kind(&documents, "Deployment")[0]["spec"]["template"]["metadata"]["labels"];
+    let operator = &peers[0];
+    assert_eq!(
+        operator["namespaceSelector"],
+        json!({"matchLabels": {"kubernetes.io/metadata.name": "lanepool-system"}})
+    );
+    let selected = operator["podSelector"]["matchLabels"].as_object().unwrap();
+    assert!(!selected.is_empty());
+    for (label, value) in selected {
+        assert_eq!(
+            &operator_pod_labels[label], value,
+            "the example's {label} selects the chart's operator Pods ({operator_pod_labels})"
+        );
+    }
+    assert_eq!(
+        peers[1],
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}})
+    );
+
+    // The chart's, with a peer of each kind (an ipBlock with an exception, selectors by label
+    // and by expression) and a list of namespaces watched.
+    let documents = template(&[
+        "networkPolicy.enabled=true",
+        "watchNamespaces={team-a,team-b}",
+        "networkPolicy.metricsFrom[0].ipBlock.cidr=10.1.0.0/16",
+        "networkPolicy.metricsFrom[0].ipBlock.except={10.1.2.0/24}",
+        "networkPolicy.metricsFrom[1].podSelector.matchExpressions[0].key=app",
+        "networkPolicy.metricsFrom[1].podSelector.matchExpressions[0].operator=In",
+        "networkPolicy.metricsFrom[1].podSelector.matchExpressions[0].values={prometheus,vmagent}",
+        "networkPolicy.apiServer.cidrs={192.168.10.4/32,fd00::4/128}",
+        "networkPolicy.dns.to[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=kube-system",
+        "networkPolicy.dns.to[0].podSelector.matchLabels.k8s-app=kube-dns",
+    ])
+    .unwrap();
+    let mut chart_policy = of_kind(&documents, "NetworkPolicy")[0].clone();
+    chart_policy["metadata"]["namespace"] = json!(namespace);
+    let name = chart_policy["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stored = policies
+        .patch(&name, &apply, &Patch::Apply(&chart_policy))
+        .await
+        .expect("the API server takes the chart's NetworkPolicy");
+    stored_as_written(stored, &chart_policy, "the chart's");
+    plane.delete_namespace(&admin, &namespace).await.unwrap();
 }
 
 // ---- The CRD as a template of the chart ----

@@ -65,6 +65,14 @@ The operator's ServiceAccount name.
 {{- end }}
 
 {{/*
+The user name the API server gives the operator's ServiceAccount: what the admission policies
+match, so that they bind the operator and nobody else.
+*/}}
+{{- define "lanepool.serviceAccountUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "lanepool.serviceAccountName" . }}
+{{- end }}
+
+{{/*
 The operator image: repository@digest, or repository:tag (the appVersion by default).
 */}}
 {{- define "lanepool.image" -}}
@@ -86,6 +94,8 @@ per-namespace Roles so that both modes grant exactly the same.
 - apiGroups: ["lanepool.dev"]
   resources: ["lanepools/status"]
   verbs: ["get", "patch", "update"]
+# The pool's Deployments; the admission policy (rbac.podAdmissionPolicy) lets the operator write
+# only those a LanePool controls, so these verbs reach no other Deployment of the namespace.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
@@ -108,11 +118,14 @@ per-namespace Roles so that both modes grant exactly the same.
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
-# Only the Secrets a LanePool names in spec.prometheus.bearerTokenSecret/caSecret are read;
-# RBAC cannot narrow "get" to names not known in advance. No list, no watch.
+# Secrets by name only: those a LanePool names in spec.prometheus (bearerTokenSecret, basicAuth,
+# caSecret, clientCertificateSecret) are read, and each pool's worker credential
+# <pool>-worker-credential is read, created and merge-patched (rotations). RBAC cannot narrow a
+# verb to names not known in advance: the admission policy lets the operator create and patch
+# only an Opaque <pool>-worker-credential its LanePool controls. No list, watch, update or delete.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
