@@ -316,6 +316,55 @@ impl World {
     }
 
     /// The worker Pods of `pool` that run, are ready, and are not leaving.
+    /// Runs a Pod of `image` in `namespace` that sends `POST /drain?seconds=3600`,
+    /// `/stand-in?lanes=batch&seconds=3600` and `/drain?seconds=0` to each of `addresses`, with
+    /// no credential: what the workers answered, counted (`401 x30`), from the Pod's termination
+    /// message.
+    async fn steer_from_a_pod(&self, namespace: &str, image: &str, addresses: &[String]) -> String {
+        let script = r#"
+import collections, sys, urllib.error, urllib.request
+answers = collections.Counter()
+for address in sys.argv[1:]:
+    for path in ("/drain?seconds=3600", "/stand-in?lanes=batch&seconds=3600", "/drain?seconds=0"):
+        request = urllib.request.Request(f"http://{address}{path}", data=b"", method="POST")
+        try:
+            answers[urllib.request.urlopen(request, timeout=3).status] += 1
+        except urllib.error.HTTPError as error:
+            answers[error.code] += 1
+        except Exception as error:
+            answers[type(error).__name__] += 1
+with open("/dev/termination-log", "w") as log:
+    log.write(", ".join(f"{k} x{v}" for k, v in sorted(answers.items(), key=str)))
+"#;
+        let mut command = vec!["python3", "-c", script];
+        command.extend(addresses.iter().map(String::as_str));
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "steer", "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "steer", "image": image,
+                    "command": command,
+                }],
+            },
+        });
+        let file = self.node.dir().join(format!("steer-{namespace}.json"));
+        std::fs::write(&file, pod.to_string()).unwrap();
+        self.kubectl
+            .ok(&["apply", "-f", &file.display().to_string()]);
+        let phase = "{.status.phase}";
+        testenv::until(120, "the steering Pod ran", || async {
+            self.kubectl.get("pod/steer", namespace, phase) == "Succeeded"
+        })
+        .await;
+        let message = "{.status.containerStatuses[0].state.terminated.message}";
+        let answers = self.kubectl.get("pod/steer", namespace, message);
+        self.kubectl
+            .ok(&["delete", "pod", "steer", "-n", namespace, "--wait=false"]);
+        answers
+    }
+
     fn running_workers(&self, pool: &str) -> usize {
         self.pods_of(pool)
             .iter()
@@ -470,6 +519,30 @@ async fn a_new_user_installs_from_the_registry_and_the_first_pool_sizes_itself_o
         "the worker runs the pushed image: {first:#}"
     );
     eprintln!("[{}] 10 workers run", elapsed(began));
+    // Pods without the pool's credential, one in another namespace and one in the pool's own,
+    // try to stop every worker for an hour and point it at batch: every answer is 401, and the
+    // rest of this test (the urgent wait at 10/s, the reserve's growth) runs on those workers.
+    let addresses: Vec<String> = pods
+        .iter()
+        .filter_map(|pod| {
+            pod["status"]["podIP"]
+                .as_str()
+                .map(|ip| format!("{ip}:9100"))
+        })
+        .collect();
+    kubectl.ok(&["create", "namespace", "intruder"]);
+    for namespace in ["intruder", POOLS] {
+        let answers = world.steer_from_a_pod(namespace, &image, &addresses).await;
+        assert_eq!(
+            answers,
+            format!("401 x{}", addresses.len() * 3),
+            "a Pod in {namespace} without the credential"
+        );
+        eprintln!(
+            "[{}] a Pod in {namespace} sent /drain and /stand-in to every worker: {answers}",
+            elapsed(began)
+        );
+    }
     let calm = testenv::until(120, "urgent measured at about 10/s", || async {
         let rate = kubectl.get("lanepool/jobs", POOLS, URGENT_RATE);
         rate.parse::<f64>().is_ok_and(|r| (7.0..=13.0).contains(&r))
