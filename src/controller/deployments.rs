@@ -431,6 +431,10 @@ mod tests {
             .spec
             .as_ref()
             .unwrap();
+        env_of_spec(spec)
+    }
+
+    fn env_of_spec(spec: &PodSpec) -> BTreeMap<String, String> {
         spec.containers[0]
             .env
             .iter()
@@ -458,6 +462,40 @@ mod tests {
         assert!(!reserved.contains_key(SLOTS_ENV), "{reserved:?}");
         assert_eq!(deployments[0].spec.as_ref().unwrap().replicas, Some(3));
         assert_eq!(deployments[1].spec.as_ref().unwrap().replicas, Some(7));
+    }
+
+    #[test]
+    fn only_workers_the_operator_talks_to_get_the_credential_so_other_pools_never_roll_over() {
+        let replicas = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 1)]),
+            shared: 2,
+        };
+        // Without a metrics port the operator never sends a worker anything: the template is the
+        // one it was before the credential existed, and upgrading the operator restarts no one.
+        for deployment in worker_deployments(&example(), &replicas) {
+            let spec = deployment.spec.unwrap().template.spec.unwrap();
+            assert!(spec.volumes.is_none(), "{:?}", spec.volumes);
+            assert!(!env_of_spec(&spec).contains_key(credential::CREDENTIAL_FILE_ENV));
+        }
+        let mut pool = example();
+        let container = &mut pool.spec.template.spec.as_mut().unwrap().containers[0];
+        container.ports = Some(vec![
+            serde_json::from_value(serde_json::json!({"name": "metrics", "containerPort": 9100}))
+                .unwrap(),
+        ]);
+        for deployment in worker_deployments(&pool, &replicas) {
+            let spec = deployment.spec.unwrap().template.spec.unwrap();
+            let volume = &spec.volumes.as_ref().unwrap()[0];
+            let secret = volume.secret.as_ref().unwrap();
+            assert_eq!(
+                secret.secret_name.as_deref(),
+                Some("jobs-worker-credential")
+            );
+            assert_eq!(
+                env_of_spec(&spec)[credential::CREDENTIAL_FILE_ENV],
+                "/var/run/secrets/lanepool.dev/worker/token"
+            );
+        }
     }
 
     #[test]

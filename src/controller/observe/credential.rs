@@ -31,8 +31,11 @@ pub(in crate::controller) async fn read(
     {
         Ok(secret) => secret,
         Err(error) => {
-            warn!(%error, "the workers' credential could not be read: no drain or stand-in is sent");
-            memory.problem = Some(format!("Secret {name} could not be read: {error}"));
+            warn!(%error, "the workers' credential could not be read");
+            // A credential known before is still sent; without one, nothing is.
+            if memory.known.is_none() {
+                memory.problem = Some(format!("Secret {name} could not be read: {error}"));
+            }
             return;
         }
     };
