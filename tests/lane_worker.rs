@@ -125,6 +125,16 @@ const ROTATED: &str = "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558
 /// credential.
 const CHALLENGE: &str = "WWW-Authenticate: Bearer realm=\"lanepool\"";
 
+/// `answer` refused a request (`what`) for want of the pool's credential: 401 with the challenge.
+fn assert_unauthenticated(answer: &Answer, what: &str) {
+    assert_eq!(answer.status, 401, "{what}: {}", answer.body);
+    assert!(
+        answer.head.lines().any(|l| l == CHALLENGE),
+        "{what}: no challenge in {}",
+        answer.head
+    );
+}
+
 /// The credential file the operator mounts into a worker, in a directory of its own that goes
 /// when the test ends; a test rewrites it as the kubelet does when the Secret changes.
 struct Credential {
@@ -969,16 +979,7 @@ fn a_post_without_the_pools_credential_gets_401_whatever_it_asks_and_changes_not
     for path in paths {
         for headers in credentials {
             let answer = send(metrics.addr, "POST", path, headers);
-            assert_eq!(
-                answer.status, 401,
-                "{path} with {headers:?}: {}",
-                answer.body
-            );
-            assert!(
-                answer.head.lines().any(|l| l == CHALLENGE),
-                "{path} with {headers:?}: no challenge in {}",
-                answer.head
-            );
+            assert_unauthenticated(&answer, &format!("{path} with {headers:?}"));
             assert!(
                 answer.body.ends_with('\n') && answer.body.lines().count() == 1,
                 "{path} with {headers:?}: not one line: {:?}",
@@ -1042,16 +1043,7 @@ fn a_worker_without_the_credential_variable_refuses_every_post_says_so_once_and_
         ("/drain?seconds=60", &[]),
     ] {
         let answer = send(metrics, "POST", path, headers);
-        assert_eq!(
-            answer.status, 401,
-            "{path} with {headers:?}: {}",
-            answer.body
-        );
-        assert!(
-            answer.head.lines().any(|l| l == CHALLENGE),
-            "{}",
-            answer.head
-        );
+        assert_unauthenticated(&answer, &format!("{path} with {headers:?}"));
     }
     let (status, gauges) = http(metrics, "GET", "/metrics");
     assert_eq!(status, 200, "{gauges}");

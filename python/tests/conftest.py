@@ -1,6 +1,6 @@
 """Fixtures: one real redis-server for the session (127.0.0.1, a free port, no persistence, in a
 temporary directory), emptied before each test that asks for it; and the pool's worker credential
-that every worker is started with, as the operator mounts it.
+that every worker is started with, as the operator mounts it (or a test's own, which it rotates).
 
 Nothing here stands in for Redis or RQ: the tests run the real server and real worker processes.
 """
@@ -46,5 +46,11 @@ def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def credential(tmp_path_factory: pytest.TempPathFactory) -> WorkerCredential:
     """The token every worker of the tests is started with. Never rotated: a test that rotates
-    writes one of its own (`write_credential`)."""
+    one has its own (`own_credential`)."""
     return write_credential(tmp_path_factory.mktemp("credential"))
+
+
+@pytest.fixture
+def own_credential(tmp_path: Path) -> WorkerCredential:
+    """A token of the test's own, for a worker started with it and then rotated."""
+    return write_credential(tmp_path)

@@ -220,6 +220,15 @@ def start_worker(
     return worker
 
 
+def said_unmounted(name: str) -> str:
+    """What a worker started as `name` with no credential mounted says at start (the RQ, asyncio
+    and Celery workers alike)."""
+    return (
+        f"{name}: LANEPOOL_CREDENTIAL_FILE is not set: drain and stand-in requests are refused "
+        "(no credential)"
+    )
+
+
 def _answers(addr: tuple[str, int]) -> bool:
     try:
         return http(addr, "GET", "/metrics")[0] == 200
@@ -235,14 +244,10 @@ class Answer:
 
 
 def http(
-    addr: tuple[str, int],
-    method: str,
-    path: str,
-    timeout: float = 5,
-    authorization: str | None = None,
+    addr: tuple[str, int], method: str, path: str, authorization: str | None = None
 ) -> tuple[int, str]:
-    """One request, `Connection: close`, the whole answer read: (status, body)."""
-    answer = exchange(addr, method, path, timeout, authorization)
+    """`exchange` without the headers: (status, body)."""
+    answer = exchange(addr, method, path, authorization=authorization)
     return answer.status, answer.body
 
 

@@ -1,8 +1,8 @@
 """Who may steer a worker, checked the same way on every worker (RQ, Celery, asyncio and the bare
 metrics port): every way of asking without the pool's credential gets the same 401.
 
-It only sends requests and asserts on the answers; what "nothing changed" means for a worker's
-jobs is each test's own.
+It only sends requests and asserts on the answers (the worker's metrics among them); what "nothing
+changed" means for a worker's jobs is each test's own.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import secrets
 
-from processes import Answer, WorkerCredential, exchange, samples
+from processes import Answer, WorkerCredential, exchange, http, samples, value
 
 REALM = 'Bearer realm="lanepool"'
 # A drain and a stand-in the worker would follow, and two it would refuse with a 400 and a 404
@@ -68,3 +68,32 @@ def assert_open_metrics_without_the_token(text: str, credential: WorkerCredentia
     assert required == {("lanepool_worker_credential_required", ()): 1}, required
     assert credential.token not in text
     assert str(credential.path) not in text
+
+
+def assert_refused_and_unchanged(addr: tuple[str, int], credential: WorkerCredential) -> None:
+    """Every way of asking without the pool's credential gets the 401 and leaves the worker neither
+    draining nor standing in; GET /metrics still needs nothing and never shows the credential."""
+    assert_refused_every_request(addr, credential)
+    text = _metrics(addr)
+    assert value(text, "lanepool_worker_draining") == 0
+    assert value(text, "lanepool_worker_standing_in") == 0
+    assert_open_metrics_without_the_token(text, credential)
+
+
+def assert_refused_unmounted(addr: tuple[str, int], credential: WorkerCredential) -> None:
+    """A worker started with no credential mounted: every way of asking gets the 401, the pool's
+    own token too (it has none to compare it with); it does not drain, and GET /metrics says it
+    requires a credential."""
+    assert_refused_every_request(addr, credential)
+    for path in STEERING[:2]:  # the drain and the stand-in it would follow with a credential
+        answer = exchange(addr, "POST", path, authorization=credential.authorization)
+        assert_unauthorized(answer, path)
+    text = _metrics(addr)
+    assert value(text, "lanepool_worker_draining") == 0
+    assert value(text, "lanepool_worker_credential_required") == 1
+
+
+def _metrics(addr: tuple[str, int]) -> str:
+    status, text = http(addr, "GET", "/metrics")
+    assert status == 200, text
+    return text

@@ -30,15 +30,11 @@ from processes import (
     exchange,
     free_port,
     http,
+    said_unmounted,
     value,
     wait_until,
-    write_credential,
 )
-from steering import (
-    assert_open_metrics_without_the_token,
-    assert_refused_every_request,
-    assert_unauthorized,
-)
+from steering import assert_refused_and_unchanged, assert_refused_unmounted, assert_unauthorized
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -565,11 +561,7 @@ def test_a_post_without_the_credential_is_refused_and_the_worker_keeps_taking_jo
     store, submit, start_worker, credential
 ):
     worker = start_worker()
-    assert_refused_every_request(worker.metrics, credential)
-    metrics = worker.get()
-    assert value(metrics, "lanepool_worker_draining") == 0
-    assert value(metrics, "lanepool_worker_standing_in") == 0
-    assert_open_metrics_without_the_token(metrics, credential)
+    assert_refused_and_unchanged(worker.metrics, credential)
     submit("batch", "b0", 0.0)
     wait_until("the job done", lambda: listed(store, "finished") == ["b0"])
     # With it, as before.
@@ -584,28 +576,18 @@ def test_a_worker_without_lanepool_credential_file_refuses_every_post_and_says_s
     store, submit, start_worker, credential
 ):
     worker = start_worker(credential=None)
-    name = f"jobs-{worker.metrics[1]}"
-    said = (
-        f"{name}: LANEPOOL_CREDENTIAL_FILE is not set: drain and stand-in requests are refused "
-        "(no credential)"
-    )
+    said = said_unmounted(f"jobs-{worker.metrics[1]}")
     wait_until("the refusal said at start", lambda: said in worker.log())
     assert worker.log().count(said) == 1
-    assert_refused_every_request(worker.metrics, credential)
-    for path in ("/drain?seconds=60", "/stand-in?lanes=batch&seconds=60"):
-        assert_unauthorized(worker.post_as(credential.authorization, path), path)
-    metrics = worker.get()
-    assert value(metrics, "lanepool_worker_draining") == 0
-    assert value(metrics, "lanepool_worker_credential_required") == 1
+    assert_refused_unmounted(worker.metrics, credential)
     submit("urgent", "u0", 0.0)
     wait_until("the job done", lambda: listed(store, "finished") == ["u0"])
 
 
-def test_a_rotated_token_counts_at_once_and_the_old_one_is_refused(start_worker, tmp_path):
-    rotated = write_credential(tmp_path)
-    worker = start_worker(credential=rotated)
+def test_a_rotated_token_counts_at_once_and_the_old_one_is_refused(start_worker, own_credential):
+    worker = start_worker(credential=own_credential)
     assert value(worker.post("/drain?seconds=0"), "lanepool_worker_draining") == 0
-    old = rotated.rotate()
+    old = own_credential.rotate()
     assert_unauthorized(worker.post_as(f"Bearer {old}", "/drain?seconds=60"), "the old token")
     assert value(worker.get(), "lanepool_worker_draining") == 0
     assert value(worker.post("/drain?seconds=60"), "lanepool_worker_draining") == 1
