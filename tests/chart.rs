@@ -1108,29 +1108,11 @@ async fn only_its_pools_deployments(
     let operator_deployments = Api::<Deployment>::namespaced(operator_client.clone(), pools);
     let admin_deployments = Api::<Deployment>::namespaced(admin.clone(), pools);
     // Each policy loads as the Pods' did: until it has, a create goes through (and is undone).
-    let mut tries = 0;
-    until(20, "the operator's unowned Deployment refused", || {
-        tries += 1;
-        let name = format!("unowned-{tries}");
-        let operator_deployments = operator_deployments.clone();
-        let admin_deployments = admin_deployments.clone();
-        async move {
-            let unowned = deployment_of(&name, json!({}), json!([]));
-            match operator_deployments
-                .create(&PostParams::default(), &unowned)
-                .await
-            {
-                Ok(_) => {
-                    admin_deployments
-                        .delete(&name, &DeleteParams::default())
-                        .await
-                        .unwrap();
-                    false
-                }
-                Err(_) => true,
-            }
-        }
-    })
+    until_the_policy_loads(
+        "the operator's unowned Deployment refused",
+        (&operator_deployments, &admin_deployments),
+        |name| deployment_of(&format!("unowned-{name}"), json!({}), json!([])),
+    )
     .await;
     let mut owned_not_controlled = controlled_by("ghost");
     owned_not_controlled["controller"] = json!(false);
@@ -1296,6 +1278,32 @@ async fn only_its_pools_deployments(
         .expect("the operator deletes a pool's Deployment");
 }
 
+/// Creates `object(n)` as the operator (`apis.0`) for n = 1, 2, … until one is refused: a new
+/// admission policy takes a moment to load, and until it has a create goes through (undone at
+/// once by the admin, `apis.1`).
+async fn until_the_policy_loads<K>(what: &str, apis: (&Api<K>, &Api<K>), object: impl Fn(u32) -> K)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let (operator, admin) = apis;
+    let mut tries = 0;
+    until(20, what, || {
+        tries += 1;
+        let object = object(tries);
+        async move {
+            let name = object.meta().name.clone().unwrap_or_default();
+            match operator.create(&PostParams::default(), &object).await {
+                Ok(_) => {
+                    admin.delete(&name, &DeleteParams::default()).await.unwrap();
+                    false
+                }
+                Err(_) => true,
+            }
+        }
+    })
+    .await;
+}
+
 /// As the chart's operator (`operator_client`), in a namespace it watches (`pools`): it creates
 /// and patches only an Opaque `<pool>-worker-credential` the LanePool `<pool>` controls and labels
 /// (the admission policy), adopts none, changes no Secret it only reads, and deletes none (RBAC).
@@ -1315,29 +1323,14 @@ async fn only_its_pools_credentials(
     let operator_secrets = Api::<Secret>::namespaced(operator_client.clone(), pools);
     let admin_secrets = Api::<Secret>::namespaced(admin.clone(), pools);
     // The policy loads as the Pods' did: until it has, a create goes through (and is undone).
-    let mut tries = 0;
-    until(20, "the operator's Secret of another name refused", || {
-        tries += 1;
-        let name = format!("ghost-token-{tries}");
-        let operator_secrets = operator_secrets.clone();
-        let admin_secrets = admin_secrets.clone();
-        async move {
-            let named_otherwise = secret_of(&name, pool("ghost"), json!([controlled_by("ghost")]));
-            match operator_secrets
-                .create(&PostParams::default(), &named_otherwise)
-                .await
-            {
-                Ok(_) => {
-                    admin_secrets
-                        .delete(&name, &DeleteParams::default())
-                        .await
-                        .unwrap();
-                    false
-                }
-                Err(_) => true,
-            }
-        }
-    })
+    until_the_policy_loads(
+        "the operator's Secret of another name refused",
+        (&operator_secrets, &admin_secrets),
+        |name| {
+            let name = format!("ghost-token-{name}");
+            secret_of(&name, pool("ghost"), json!([controlled_by("ghost")]))
+        },
+    )
     .await;
     let credential = "ghost-worker-credential";
     let mut owned_not_controlled = controlled_by("ghost");
