@@ -139,8 +139,19 @@ pub struct RunArgs {
     /// that drain and stand-in requests carry) may get before the operator makes a new one; the
     /// old one is still sent for 10 minutes to workers that have not seen the new file. 0: only
     /// when a pool is annotated `lanepool.dev/rotate-credential=<a new value>`.
-    #[arg(long, env = "LANEPOOL_CREDENTIAL_MAX_AGE", default_value = "720h", value_parser = duration::flag)]
+    #[arg(long, env = "LANEPOOL_CREDENTIAL_MAX_AGE", default_value = "720h", value_parser = credential_max_age)]
     pub credential_max_age: Duration,
+}
+
+/// `--credential-max-age`: 0 (never by age), or at least an hour. A token younger than the time
+/// every worker takes to see the last one (the kubelet: a minute or two; the old one is sent for
+/// 10 minutes) would leave workers holding neither token the operator knows, and their drains
+/// waiting.
+fn credential_max_age(value: &str) -> Result<Duration, String> {
+    match duration::flag(value)? {
+        age if age.is_zero() || age >= Duration::from_secs(3600) => Ok(age),
+        _ => Err("must be 0 (only when a pool asks) or at least 1h".into()),
+    }
 }
 
 /// The multi-threaded runtime a command runs on; its failure said on stderr, as an exit code.
@@ -320,4 +331,22 @@ fn init_logging(args: &RunArgs) -> Result<(), String> {
         builder.try_init()
     };
     result.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_may_age_an_hour_at_least_or_only_rotate_when_asked() {
+        assert_eq!(credential_max_age("0"), Ok(Duration::ZERO));
+        assert_eq!(credential_max_age("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(
+            credential_max_age("720h"),
+            Ok(Duration::from_secs(720 * 3600))
+        );
+        let too_soon = credential_max_age("59m59s").unwrap_err();
+        assert!(too_soon.contains("at least 1h"), "{too_soon}");
+        assert!(credential_max_age("soon").is_err());
+    }
 }
