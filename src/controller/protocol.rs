@@ -15,6 +15,10 @@ pub const STANDING_IN_METRIC: &str = "lanepool_worker_standing_in";
 /// The gauge a worker sets to 1 when it takes drain and stand-in requests only with the pool's
 /// credential: without it, a worker's image predates the credential and anyone may steer it.
 pub const CREDENTIAL_METRIC: &str = "lanepool_worker_credential_required";
+/// The most seconds a drain or stand-in request may name (the protocol's bound: a worker answers
+/// `400` above it). A longer wait is asked for in pieces: a drain is renewed every few seconds
+/// until its shrink goes, so it never lapses before.
+pub const MOST_REQUEST_SECONDS: u64 = 3600;
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
 /// The readiness gate of the workers of a pool whose template serves a `metrics` port: the

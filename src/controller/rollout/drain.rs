@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::shrink::Shrink;
+use crate::controller::protocol::MOST_REQUEST_SECONDS;
 
 /// The most a shrink waits for its drained workers by default (`--drain-timeout`): what the
 /// surge waits for new workers, so neither outlasts the other. The lanes' job times usually
@@ -114,10 +115,13 @@ impl Drain {
     }
 
     /// How long to ask a worker asked at `asked_at` to drain for: the rest of its timeout and
-    /// the time its SIGTERM may take to come, in whole seconds.
+    /// the time its SIGTERM may take to come, in whole seconds, at most what the protocol allows
+    /// (a drain timeout of hours is renewed long before a request's hour is up; asking for more
+    /// would be answered 400, a refusal, and the shrink would stop the worker busy).
     fn lapse(&self, asked_at: Duration, now: Duration) -> u64 {
         let left = (asked_at + self.timeout).saturating_sub(now);
-        (left + LAPSE_MARGIN).as_secs_f64().ceil() as u64
+        let seconds = (left + LAPSE_MARGIN).as_secs_f64().ceil() as u64;
+        seconds.min(MOST_REQUEST_SECONDS)
     }
 
     /// Forgets the drained workers that are gone: a drained Pod deleted meanwhile no longer holds
@@ -446,6 +450,13 @@ mod tests {
         assert_eq!(drain.lapse(secs(100.0), secs(100.0)), 24);
         assert_eq!(drain.lapse(secs(100.0), secs(107.5)), 17);
         assert_eq!(drain.lapse(secs(100.0), secs(200.0)), 15);
+        // A drain timeout of hours (20-minute jobs): asked an hour at a time, never refused.
+        let long = Drain {
+            timeout: secs(3.0 * 3600.0),
+            ..Default::default()
+        };
+        assert_eq!(long.lapse(secs(0.0), secs(0.0)), 3600);
+        assert_eq!(long.lapse(secs(0.0), secs(3.0 * 3600.0 - 100.0)), 115);
         // No drained worker (none took the request): nothing holds.
         assert!(!Drain::default().holds(secs(0.0)));
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::drain::{Candidate, choose};
 use super::shrink::StandIn;
+use crate::controller::protocol::MOST_REQUEST_SECONDS;
 
 /// How much longer than the surge's own limit a stand-in lasts in the worker: the reconcile that
 /// ends the surge and the drain that follows, with room to spare.
@@ -94,9 +95,12 @@ pub(crate) fn ended(
 /// How long to ask a worker to stand in for: until the surge's limit (`surge_ends`) and
 /// [`LAPSE_MARGIN`] beyond, in whole seconds.
 pub(crate) fn lapse(surge_ends: Duration, now: Duration) -> u64 {
-    (surge_ends.saturating_sub(now) + LAPSE_MARGIN)
+    let seconds = (surge_ends.saturating_sub(now) + LAPSE_MARGIN)
         .as_secs_f64()
-        .ceil() as u64
+        .ceil() as u64;
+    // More would be answered 400 (not taken): a stand-in past an hour lapses in the worker,
+    // which then serves its own lanes again, as any worker not standing in does.
+    seconds.min(MOST_REQUEST_SECONDS)
 }
 
 #[cfg(test)]
@@ -170,5 +174,7 @@ mod tests {
         assert_eq!(lapse(s(120), s(0)), 135);
         assert_eq!(lapse(s(120), Duration::from_millis(119_500)), 16);
         assert_eq!(lapse(s(120), s(500)), 15);
+        // A surge timeout of hours: the protocol's hour at most, never a request refused.
+        assert_eq!(lapse(s(7200), s(0)), 3600);
     }
 }
