@@ -67,6 +67,9 @@ pub(super) struct FakeWorker {
     pub(super) standing_in: AtomicBool,
     /// It stopped answering (its server is gone).
     pub(super) silent: AtomicBool,
+    /// It takes each drain or stand-in request but answers too late: the operator hears
+    /// nothing.
+    pub(super) late: AtomicBool,
     /// It does not take drain requests: `POST /drain` answers 404, as a worker that does not
     /// speak that part of the protocol does.
     pub(super) refuses_drain: AtomicBool,
@@ -118,7 +121,14 @@ impl FakeWorker {
             ("POST", "/drain") if self.refuses_drain.load(Ordering::SeqCst) => {
                 return (404, "not found\n".into());
             }
-            ("POST", "/drain") => self.draining.store(seconds(target) > 0, Ordering::SeqCst),
+            ("POST", "/drain") => {
+                let draining = seconds(target) > 0;
+                self.draining.store(draining, Ordering::SeqCst);
+                // A drain ends a stand-in: the worker is about to be stopped.
+                if draining {
+                    self.standing_in.store(false, Ordering::SeqCst);
+                }
+            }
             ("POST", "/stand-in") => self
                 .standing_in
                 .store(seconds(target) > 0, Ordering::SeqCst),
@@ -146,6 +156,11 @@ impl FakeWorkers {
     ) -> Result<(u16, String), Refused> {
         let worker = self.by_address.lock().unwrap().get(address).cloned();
         match worker.filter(|w| !w.silent.load(Ordering::SeqCst)) {
+            Some(worker) if method == "POST" && worker.late.load(Ordering::SeqCst) => {
+                worker.answer(method, path, token);
+                tokio::time::sleep(REQUEST_TIMEOUT).await;
+                Err(Refused::Timeout)
+            }
             Some(worker) => Ok(worker.answer(method, path, token)),
             None => {
                 tokio::time::sleep(REQUEST_TIMEOUT).await;

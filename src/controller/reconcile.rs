@@ -326,8 +326,9 @@ impl Walk<'_> {
             memory.inherited_read = true;
         }
         // While a shrink waits for the surge, its workers that will stop stand in for the new
-        // ones; once it goes, the drain takes those first, and sends back none it leaves.
-        let stood_in = stand_in::stand_in_during_surges(
+        // ones; once it goes, the drain takes those that said so first, and sends back every
+        // other that may stand in (one not heard from may have taken the request late).
+        let ended = stand_in::stand_in_during_surges(
             seen,
             &mut memory.stand_ins,
             &rollout.stand_ins,
@@ -337,9 +338,13 @@ impl Walk<'_> {
         .await;
         let shrinks = &rollout.shrinks;
         let drains = &mut memory.drains;
+        let stood_in = ended
+            .iter()
+            .map(|(deployment, s)| (deployment.clone(), s.pods.clone()))
+            .collect();
         let floors = drain::drain_before_shrinks(seen, drains, shrinks, &stood_in, self.now).await;
         let drains = &memory.drains;
-        stand_in::end(seen.pods, stood_in, |deployment, pod| {
+        stand_in::end(seen.pods, ended, |deployment, pod| {
             drains
                 .get(deployment)
                 .is_some_and(|d| d.pods.contains_key(pod))

@@ -5,7 +5,7 @@
 //! back to their own lanes (`seconds=0`). Which workers and for how long: `rollout/stand_in.rs`. A worker that does not stand in (a 404, no
 //! answer, no `lanepool_worker_standing_in 1`) keeps its role until it is replaced, as before.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -22,6 +22,7 @@ use crate::duration::human_seconds;
 
 /// The outcome of a worker that answered it stands in.
 const STANDING_IN: &str = "standing_in";
+const UNREACHABLE: &str = "unreachable";
 
 /// `POST /stand-in` to each of `workers`, serving `lanes` for its seconds (`0`: its own lanes
 /// again); what each answered: its outcome in `lanepool_operator_stand_in_answers`
@@ -53,7 +54,7 @@ async fn ask(
                 {
                     STANDING_IN
                 }
-                Err(refused) if refused.unknown() => "unreachable",
+                Err(refused) if refused.unknown() => UNREACHABLE,
                 Ok(_) | Err(_) => "refused",
             };
             (name, outcome)
@@ -70,12 +71,9 @@ pub(in crate::controller) async fn stand_in_during_surges(
     waiting: &[StandIn],
     surge_ends: Duration,
     now: Duration,
-) -> BTreeMap<String, BTreeSet<String>> {
+) -> BTreeMap<String, StandIns> {
     let (pool, ctx, pods) = (seen.pool, seen.ctx, seen.pods);
-    let ended = stand_in::ended(stand_ins, waiting)
-        .into_iter()
-        .map(|(deployment, s)| (deployment, s.pods))
-        .collect();
+    let ended = stand_in::ended(stand_ins, waiting).into_iter().collect();
     for wanted in waiting {
         let deployment = wanted.shrink.deployment.as_str();
         let set = stand_ins.entry(deployment.to_string()).or_default();
@@ -108,15 +106,24 @@ pub(in crate::controller) async fn stand_in_during_surges(
             .collect();
         let answers = ask(pods, requests, &wanted.serves).await;
         let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
-        let asked: BTreeMap<String, bool> = answers
+        let asked: BTreeMap<String, &str> = answers
             .into_iter()
             .filter(|(name, _)| !called_back.contains(name))
-            .map(|(worker, outcome)| {
-                ctx.metrics.stand_in_answered(&namespace, &name, outcome);
-                (worker, outcome == STANDING_IN)
-            })
+            .inspect(|(_, outcome)| ctx.metrics.stand_in_answered(&namespace, &name, outcome))
             .collect();
-        set.answered(asked);
+        // A worker not heard from may have taken the request late: it is ended with the rest.
+        set.unheard.extend(
+            asked
+                .iter()
+                .filter(|(_, outcome)| **outcome == UNREACHABLE)
+                .map(|(worker, _)| worker.clone()),
+        );
+        set.answered(
+            asked
+                .into_iter()
+                .map(|(worker, outcome)| (worker, outcome == STANDING_IN))
+                .collect(),
+        );
         if set.pods.is_empty() {
             info!(
                 deployment,
@@ -156,10 +163,11 @@ pub(in crate::controller) async fn stand_in_during_surges(
 /// reached now goes back when its stand-in lapses.
 pub(in crate::controller) async fn end(
     pods: &PoolPods<'_>,
-    ended: BTreeMap<String, BTreeSet<String>>,
+    ended: BTreeMap<String, StandIns>,
     draining: impl Fn(&str, &str) -> bool,
 ) {
-    for (deployment, names) in ended {
+    for (deployment, stand_ins) in ended {
+        let names = stand_ins.maybe_standing_in();
         let back: Vec<(&Worker, u64)> = pods
             .workers_of(&deployment)
             .into_iter()

@@ -127,6 +127,57 @@ mod whole {
         assert!(secret_read >= 1, "the Secret is read again after a 401");
     }
 
+    #[tokio::test]
+    async fn a_worker_whose_stand_in_answer_came_late_is_sent_back_to_its_own_lanes() {
+        let cluster = growing_reserve(Fence::open()).await;
+        // The shared workers take the stand-in request, but their answers come too late.
+        let shared = |cluster: &FakeCluster| -> Vec<String> {
+            cluster
+                .workers
+                .keys()
+                .filter(|p| p.starts_with(SHARED))
+                .cloned()
+                .collect()
+        };
+        for pod in shared(&cluster) {
+            cluster.worker(&pod).late.store(true, Ordering::SeqCst);
+        }
+        cluster.reconcile().await;
+        let standing: Vec<String> = shared(&cluster)
+            .into_iter()
+            .filter(|p| cluster.worker(p).standing_in.load(Ordering::SeqCst))
+            .collect();
+        assert_eq!(
+            standing.len(),
+            1,
+            "one shared worker stands in: {standing:?}"
+        );
+        // Another shared worker is idle: the drain takes that one, and only a request of its own
+        // ends the stand-in the operator did not hear of.
+        let idle = shared(&cluster)
+            .into_iter()
+            .find(|p| *p != standing[0])
+            .unwrap();
+        cluster.worker(&idle).busy.store(false, Ordering::SeqCst);
+        for pod in shared(&cluster) {
+            cluster.worker(&pod).late.store(false, Ordering::SeqCst);
+        }
+        cluster.ready(RESERVED, 2);
+        for _ in 0..3 {
+            cluster.reconcile().await;
+        }
+        // The drain takes the idle worker; the one not heard from is sent back to its own lanes
+        // (`seconds=0`) all the same.
+        assert_eq!(cluster.draining(SHARED), [idle]);
+        assert!(
+            !cluster
+                .worker(&standing[0])
+                .standing_in
+                .load(Ordering::SeqCst),
+            "the late stand-in is over once the surge is"
+        );
+    }
+
     /// Says the pool's status was last written this process's start, Ready, as after a decision.
     fn shown_ready(cluster: &FakeCluster) {
         use crate::controller::status::{self, ConditionState};

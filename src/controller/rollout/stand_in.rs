@@ -27,6 +27,9 @@ pub(crate) struct StandIns {
     pub(crate) pods: BTreeSet<String>,
     /// Pods that answered without standing in: not asked again for this surge.
     pub(crate) refused: BTreeSet<String>,
+    /// Pods asked that gave no answer in time: they may have taken the request all the same,
+    /// so they are sent back to their own lanes when the stand-in ends (not asked again).
+    pub(crate) unheard: BTreeSet<String>,
     pub(crate) started: bool,
 }
 
@@ -78,6 +81,12 @@ impl StandIns {
     pub(crate) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
         let live: BTreeSet<&str> = live.into_iter().collect();
         self.pods.retain(|name| live.contains(name.as_str()));
+        self.unheard.retain(|name| live.contains(name.as_str()));
+    }
+
+    /// The workers that may be standing in: those that said so, and those not heard from.
+    pub(crate) fn maybe_standing_in(self) -> BTreeSet<String> {
+        self.pods.into_iter().chain(self.unheard).collect()
     }
 }
 
