@@ -127,8 +127,12 @@ pub fn read_answer(status: u16, text: &str) -> DrainAnswer {
     if status != 200 || !draining {
         return DrainAnswer::Refused;
     }
+    // A busy series that is NaN (or ±Inf) is no answer: the worker may be busy, and a drained
+    // worker read as idle is stopped. Only a series at 0, or none (the gauge is optional), is idle.
     DrainAnswer::Draining {
-        busy: gauge_values(text, BUSY_METRIC).iter().any(|v| *v > 0.0),
+        busy: gauge_values(text, BUSY_METRIC)
+            .iter()
+            .any(|v| !v.is_finite() || *v > 0.0),
     }
 }
 
@@ -210,6 +214,14 @@ mod tests {
             read_answer(200, idle),
             DrainAnswer::Draining { busy: false }
         );
+        for unknown in ["NaN", "+Inf", "-Inf"] {
+            let text = format!("lanepool_worker_busy {unknown}\nlanepool_worker_draining 1\n");
+            assert_eq!(
+                read_answer(200, &text),
+                DrainAnswer::Draining { busy: true },
+                "busy {unknown}"
+            );
+        }
         // A 404, or a server answering every path with gauges that do not say it drains.
         assert_eq!(read_answer(404, "not found\n"), DrainAnswer::Refused);
         assert_eq!(
