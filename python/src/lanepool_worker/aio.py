@@ -42,6 +42,11 @@ log = logging.getLogger("lanepool_worker")
 # follows the state), and SIGTERM or a request that came just as a take began within a second.
 TAKE_SLICE = 1.0
 
+# A give-back that fails (a Redis blip) is tried again after 0.1, 0.2, 0.4 and 0.8 s: a job held
+# longer keeps its slot from taking, and a Redis down for longer is not waited for job by job.
+GIVE_BACK_TRIES = 5
+GIVE_BACK_FIRST_PAUSE = 0.1
+
 
 class QueueJob(Protocol):
     """What `run_worker` needs of a job: its lane and, when known, its submission time."""
@@ -97,10 +102,20 @@ async def run_worker(
             job = await take(lanes, wait)
             if job is None:
                 continue
-            if give_back is not None and (stop.is_set() or state.requests_seen() != seen):
-                await give_back(job)  # the protocol's "a job the queue handed out just then"
-                continue
-            in_hand = state.job_started(job.lane, job.submitted_at)
+            if give_back is None:
+                # Nowhere to put it back: it runs, busy from now on.
+                in_hand = state.job_started(job.lane, job.submitted_at)
+            else:
+                # Busy in one step with the drain check, before anything else can run: a drain
+                # answered in between would say idle while this job starts.
+                taken = state.job_taken(job.lane, job.submitted_at, requests_seen=seen)
+                if taken is None or stop.is_set():
+                    if taken is not None:
+                        state.job_handed_back(taken)
+                    # The protocol's "a job the queue handed out just then".
+                    await _hand_back(give_back, job, state.config.name)
+                    continue
+                in_hand = taken
             try:
                 await run(job)
             except Exception:
@@ -109,6 +124,45 @@ async def run_worker(
                 state.job_finished(in_hand)
 
     await asyncio.gather(*(slot() for _ in range(state.config.slots)))
+
+
+async def _hand_back(give_back: Callable[[J], Awaitable[None]], job: J, name: str) -> None:
+    """Gives `job` back to its lane, trying GIVE_BACK_TRIES times: a failure is this slot's
+    alone (it must never end the other slots' jobs), and a job that cannot go back is named at
+    error level rather than dropped unsaid."""
+    pause = GIVE_BACK_FIRST_PAUSE
+    for attempt in range(1, GIVE_BACK_TRIES + 1):
+        try:
+            await give_back(job)
+            return
+        except Exception as error:
+            if attempt == GIVE_BACK_TRIES:
+                log.error(
+                    "%s: job %s of lane %s is lost: it was taken just as a request or SIGTERM "
+                    "came and could not be given back (%d tries, last: %s)",
+                    name,
+                    _job_id(job),
+                    job.lane,
+                    GIVE_BACK_TRIES,
+                    error,
+                )
+                return
+            log.warning(
+                "%s: could not give job %s back to lane %s (%s); trying again in %.1f s",
+                name,
+                _job_id(job),
+                job.lane,
+                error,
+                pause,
+            )
+            await asyncio.sleep(pause)
+            pause *= 2
+
+
+def _job_id(job: QueueJob) -> str:
+    # QueueJob asks for no id: a job type without one is named by its repr.
+    job_id = getattr(job, "id", None)
+    return str(job_id) if job_id is not None else repr(job)
 
 
 class _Changes:
@@ -141,6 +195,12 @@ class ListJob:
     lane: str
     payload: dict[str, Any]
     raw: bytes
+
+    @property
+    def id(self) -> str | None:
+        """The producer's id (`Producer.submit_list` sets one), for the logs."""
+        job_id = self.payload.get("id")
+        return str(job_id) if job_id is not None else None
 
     @property
     def submitted_at(self) -> float | None:

@@ -46,6 +46,7 @@ from .logs import setup_logging
 from .producer import SUBMITTED_AT
 from .redis_client import DEFAULT_REDIS_URL, REDIS_URL_ENV, bounded_client, connect
 from .server import serve
+from .state import Job as InHand
 from .state import WorkerState
 
 log = logging.getLogger("lanepool_worker")
@@ -111,6 +112,8 @@ class LaneTaking(BaseWorker):
             single_connection_client=True,
         )
         self._take_cut = False
+        # The job `_take` marked busy, for `execute_job` to finish.
+        self._in_hand: InHand | None = None
         self._take_client_id: int | None = None
         self._blocked_client_id: int | None = None
         self._unblocker = bounded_client(self.connection, 0.1)
@@ -220,12 +223,22 @@ class LaneTaking(BaseWorker):
             return None
         job, queue = taken
         queue = self._lane_queue(queue.name)
-        if state.requests_seen() != seen or self._stop_requested:
-            # The protocol's "a job the queue handed out just then goes back to its lane".
-            self._give_back(job, queue)
-            return None
         job.connection = self.connection
         job.redis_server_version = self.get_redis_server_version()
+        # Busy before the job is known wanted, in one step with the drain check: a drain answered
+        # between a check and a later mark would say idle while this job starts.
+        in_hand = state.job_taken(queue.name, submitted_at(job), requests_seen=seen)
+        if in_hand is None or self._stop_requested:
+            # The protocol's "a job the queue handed out just then goes back to its lane".
+            # A give-back that fails leaves the job queued in no lane: the next take, after
+            # the lost connection, puts it back (see LOST_TAKE_GRACE).
+            try:
+                self._give_back(job, queue)
+            finally:
+                if in_hand is not None:
+                    state.job_handed_back(in_hand)
+            return None
+        self._in_hand = in_hand
         self.log.info("Worker %s: %s: %s (%s)", self.name, queue.name, job.description, job.id)
         return job, queue
 
@@ -319,7 +332,9 @@ class LaneTaking(BaseWorker):
         # Counted here, in the worker's own process, for the fork worker too: its child's counts
         # die with the child. The job time is the slot's: RQ's bookkeeping (and a fork) included,
         # since that is what a worker spends per job.
-        in_hand = self.lanepool_state.job_started(queue.name, submitted_at(job))
+        in_hand, self._in_hand = self._in_hand, None
+        if in_hand is None:  # not taken by `_take` (RQ's own callers): busy from here
+            in_hand = self.lanepool_state.job_started(queue.name, submitted_at(job))
         try:
             super().execute_job(job, queue)
         finally:

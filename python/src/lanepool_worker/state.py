@@ -217,12 +217,38 @@ class WorkerState:
         """Marks a slot busy with a job of `lane`; `submitted_at` (Unix seconds), when known,
         gives the job's wait."""
         job = Job(lane, time.time(), time.monotonic(), next(self._serials))
-        if submitted_at is not None:
-            # Clocks of producer and worker differ a little: never a negative wait.
-            self.job_wait.labels(lane).observe(max(0.0, job.started_at - submitted_at))
+        self._observe_wait(job, submitted_at)
         with self._changed:
             self._in_hand[job.serial] = job
         return job
+
+    def _observe_wait(self, job: Job, submitted_at: float | None) -> None:
+        if submitted_at is not None:
+            # Clocks of producer and worker differ a little: never a negative wait.
+            self.job_wait.labels(job.lane).observe(max(0.0, job.started_at - submitted_at))
+
+    def job_taken(
+        self, lane: str, submitted_at: float | None = None, *, requests_seen: int
+    ) -> Job | None:
+        """Marks a slot busy with a job a take handed out, unless a request came since the take
+        began (`requests_seen`, from `requests_seen()`) or a drain is on: then None, and the
+        taker gives the job back to its lane. The mark and the check hold the lock `drain` holds,
+        so a drain's answer never says idle for a worker about to start a job: a drain that
+        comes first sends the job back, one that comes after sees it busy."""
+        job = Job(lane, time.time(), time.monotonic(), next(self._serials))
+        with self._changed:
+            now = time.monotonic()
+            draining = self._drain_until is not None and self._drain_until > now
+            if draining or self._requests != requests_seen:
+                return None
+            self._in_hand[job.serial] = job
+        self._observe_wait(job, submitted_at)
+        return job
+
+    def job_handed_back(self, job: Job) -> None:
+        """Frees the slot of a job marked busy but given back unrun: no job time is counted."""
+        with self._changed:
+            self._in_hand.pop(job.serial, None)
 
     def job_finished(self, job: Job) -> None:
         """Frees the job's slot and counts its run time (a failed job took its time too)."""
