@@ -103,6 +103,8 @@ struct Kubelet {
     next_ip: u32,
     written_targets: String,
     secrets: Api<Secret>,
+    /// The Secrets read in this pass, by name: a pool's Pods share one, read once.
+    secrets_read: HashMap<String, Option<Secret>>,
     /// When the Secret volumes were last written again.
     volumes_refreshed: Instant,
 }
@@ -147,6 +149,7 @@ async fn main() -> ExitCode {
     }
     let mut kubelet = Kubelet {
         secrets: Api::namespaced(client.clone(), &args.namespace),
+        secrets_read: HashMap::new(),
         volumes_refreshed: Instant::now(),
         pods: Api::namespaced(client, &args.namespace),
         worker,
@@ -246,6 +249,7 @@ impl Kubelet {
                 return;
             }
         };
+        self.secrets_read.clear();
         let refresh = self.volumes_refreshed.elapsed() >= VOLUME_REFRESH;
         if refresh {
             self.volumes_refreshed = Instant::now();
@@ -457,14 +461,14 @@ impl Kubelet {
     /// Writes each Secret volume of the Pod as files (its `items`, or every key), each replaced
     /// atomically; an optional volume whose Secret is missing is an empty folder. A Secret that
     /// cannot be read leaves the files as they were.
-    async fn write_secret_volumes(&self, pod: &Pod, uid: &str) {
+    async fn write_secret_volumes(&mut self, pod: &Pod, uid: &str) {
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
         for volume in volumes.into_iter().flatten() {
             let Some(source) = &volume.secret else {
                 continue;
             };
             let name = source.secret_name.clone().unwrap_or_default();
-            let secret = match self.secrets.get_opt(&name).await {
+            let secret = match self.secret(&name).await {
                 Ok(secret) => secret,
                 Err(e) => {
                     eprintln!(
@@ -491,6 +495,16 @@ impl Kubelet {
                 );
             }
         }
+    }
+
+    /// The Secret `name` (`None`: there is none), read from the API server once per pass.
+    async fn secret(&mut self, name: &str) -> kube::Result<Option<Secret>> {
+        if let Some(secret) = self.secrets_read.get(name) {
+            return Ok(secret.clone());
+        }
+        let secret = self.secrets.get_opt(name).await?;
+        self.secrets_read.insert(name.to_string(), secret.clone());
+        Ok(secret)
     }
 
     /// Env values under a Secret volume's mount path point into the folder it is written to.

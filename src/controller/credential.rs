@@ -158,40 +158,40 @@ pub fn wanted_rotation(pool: &LanePool) -> String {
 /// The credential the pool should have now, when it differs from `current`: a first token; a
 /// new one when the pool asks for another rotation or the token is older than `max_age` (zero:
 /// never by age), the old kept as `previous`; the previous dropped once [`PREVIOUS_KEPT`] has
-/// passed. `fresh` makes a token, only when one is needed.
-pub fn next(
+/// passed. `fresh` makes a token, only when one is needed; its failure is the answer.
+pub fn next<E>(
     current: Option<&WorkerCredential>,
     wanted_rotation: &str,
     now: Timestamp,
     max_age: Duration,
-    fresh: impl FnOnce() -> String,
-) -> Option<WorkerCredential> {
+    fresh: impl FnOnce() -> Result<String, E>,
+) -> Result<Option<WorkerCredential>, E> {
     let Some(current) = current else {
-        return Some(WorkerCredential {
-            token: fresh(),
+        return Ok(Some(WorkerCredential {
+            token: fresh()?,
             previous: None,
             rotated_at: now,
             rotation: wanted_rotation.to_string(),
-        });
+        }));
     };
     let age = now.duration_since(current.rotated_at);
     let older_than =
         |limit: Duration| SignedDuration::try_from(limit).is_ok_and(|limit| age >= limit);
     if current.rotation != wanted_rotation || (!max_age.is_zero() && older_than(max_age)) {
-        return Some(WorkerCredential {
-            token: fresh(),
+        return Ok(Some(WorkerCredential {
+            token: fresh()?,
             previous: Some(current.token.clone()),
             rotated_at: now,
             rotation: wanted_rotation.to_string(),
-        });
+        }));
     }
     if current.previous.is_some() && older_than(PREVIOUS_KEPT) {
-        return Some(WorkerCredential {
+        return Ok(Some(WorkerCredential {
             previous: None,
             ..current.clone()
-        });
+        }));
     }
-    None
+    Ok(None)
 }
 
 /// The pool's credential Secret holding `credential`, controlled by the pool (deleted with it).
@@ -309,6 +309,19 @@ mod tests {
     }
 
     const DAY: Duration = Duration::from_secs(86_400);
+
+    /// [`super::next`] with a token maker that cannot fail.
+    fn next(
+        current: Option<&WorkerCredential>,
+        wanted_rotation: &str,
+        now: Timestamp,
+        max_age: Duration,
+        fresh: impl FnOnce() -> String,
+    ) -> Option<WorkerCredential> {
+        let fresh = || Ok::<_, std::convert::Infallible>(fresh());
+        let Ok(next) = super::next(current, wanted_rotation, now, max_age, fresh);
+        next
+    }
 
     #[test]
     fn a_token_is_64_hex_characters_and_never_the_same_twice() {

@@ -19,6 +19,12 @@ pub const CREDENTIAL_METRIC: &str = "lanepool_worker_credential_required";
 /// `400` above it). A longer wait is asked for in pieces: a drain is renewed every few seconds
 /// until its shrink goes, so it never lapses before.
 pub const MOST_REQUEST_SECONDS: u64 = 3600;
+
+/// The `seconds` of a drain or stand-in request that should last `wanted`: whole seconds, rounded
+/// up, at most [`MOST_REQUEST_SECONDS`] (more would be answered 400, read as a refusal).
+pub fn request_seconds(wanted: std::time::Duration) -> u64 {
+    (wanted.as_secs_f64().ceil() as u64).min(MOST_REQUEST_SECONDS)
+}
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
 /// The readiness gate of the workers of a pool whose template serves a `metrics` port: the

@@ -25,27 +25,17 @@ pub(in crate::controller) async fn keep(
     }
     let wanted = credential::wanted_rotation(pool);
     let max_age = ctx.settings.credential_max_age;
-    let mut fresh_failed = None;
-    let fresh = || {
-        credential::fresh_token().unwrap_or_else(|error| {
-            fresh_failed = Some(error);
-            String::new()
-        })
+    let now = Timestamp::now();
+    let fresh = credential::fresh_token;
+    let next = match credential::next(memory.known.as_ref(), &wanted, now, max_age, fresh) {
+        Ok(Some(next)) => next,
+        Ok(None) => return memory.known.clone(),
+        Err(error) => {
+            warn!(%error, "no randomness for a worker credential");
+            memory.problem = Some(format!("no randomness for a new credential: {error}"));
+            return memory.known.clone();
+        }
     };
-    let Some(next) = credential::next(
-        memory.known.as_ref(),
-        &wanted,
-        Timestamp::now(),
-        max_age,
-        fresh,
-    ) else {
-        return memory.known.clone();
-    };
-    if let Some(error) = fresh_failed {
-        warn!(%error, "no randomness for a worker credential");
-        memory.problem = Some(format!("no randomness for a new credential: {error}"));
-        return memory.known.clone();
-    }
     let name = credential::secret_name(&pool.name_any());
     let api: Api<Secret> =
         Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());

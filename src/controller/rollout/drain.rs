@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::shrink::Shrink;
-use crate::controller::protocol::MOST_REQUEST_SECONDS;
+use crate::controller::protocol::request_seconds;
 
 /// The most a shrink waits for its drained workers by default (`--drain-timeout`): what the
 /// surge waits for new workers, so neither outlasts the other. The lanes' job times usually
@@ -120,8 +120,7 @@ impl Drain {
     /// would be answered 400, a refusal, and the shrink would stop the worker busy).
     fn lapse(&self, asked_at: Duration, now: Duration) -> u64 {
         let left = (asked_at + self.timeout).saturating_sub(now);
-        let seconds = (left + LAPSE_MARGIN).as_secs_f64().ceil() as u64;
-        seconds.min(MOST_REQUEST_SECONDS)
+        request_seconds(left + LAPSE_MARGIN)
     }
 
     /// Forgets the drained workers that are gone: a drained Pod deleted meanwhile no longer holds

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::drain::{Candidate, choose};
 use super::shrink::StandIn;
-use crate::controller::protocol::MOST_REQUEST_SECONDS;
+use crate::controller::protocol::request_seconds;
 
 /// How much longer than the surge's own limit a stand-in lasts in the worker: the reconcile that
 /// ends the surge and the drain that follows, with room to spare.
@@ -104,12 +104,9 @@ pub(crate) fn ended(
 /// How long to ask a worker to stand in for: until the surge's limit (`surge_ends`) and
 /// [`LAPSE_MARGIN`] beyond, in whole seconds.
 pub(crate) fn lapse(surge_ends: Duration, now: Duration) -> u64 {
-    let seconds = (surge_ends.saturating_sub(now) + LAPSE_MARGIN)
-        .as_secs_f64()
-        .ceil() as u64;
-    // More would be answered 400 (not taken): a stand-in past an hour lapses in the worker,
-    // which then serves its own lanes again, as any worker not standing in does.
-    seconds.min(MOST_REQUEST_SECONDS)
+    // A stand-in past the protocol's hour lapses in the worker, which then serves its own lanes
+    // again, as any worker not standing in does.
+    request_seconds(surge_ends.saturating_sub(now) + LAPSE_MARGIN)
 }
 
 #[cfg(test)]
