@@ -1,13 +1,15 @@
 """The Celery adapter against a real redis-server and real `celery worker` processes: strict lane
-order, reserved workers, drains, stand-ins, SIGTERM, four slots counted in the main process, the
-wait from the producer's header, a Redis restart, and only the pool's credential steering it.
-Nothing here imitates Celery or Redis."""
+order, reserved workers, drains (one landing as a job is handed to a slot, one as a countdown job
+comes due), stand-ins, SIGTERM, four slots counted in the main process, the wait from the
+producer's header, a Redis restart, and only the pool's credential steering it. Nothing here
+imitates Celery or Redis."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -41,9 +43,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # The app every worker here runs: each job records its start and its end, in order.
 APP = textwrap.dedent(
     """
-    import os, time
+    import os, threading, time, urllib.request
     import redis
-    from celery import Celery
+    from celery import Celery, signals
+    from celery.concurrency.prefork import TaskPool
     from lanepool_worker.celery import configure
 
     app = Celery("lanes", broker=os.environ["BROKER_URL"])
@@ -70,6 +73,36 @@ APP = textwrap.dedent(
         record("started", name)
         time.sleep(seconds)
         record("finished", name)
+
+    drained = threading.Event()
+
+    def drain_once():
+        # The operator's POST /drain, sent from inside the worker at the moment a test chose,
+        # for the first job only; its answer kept in list `answers`.
+        if drained.is_set():
+            return
+        drained.set()
+        with open(os.environ["LANEPOOL_CREDENTIAL_FILE"]) as file:
+            token = file.read().strip()
+        request = urllib.request.Request(
+            "http://{}/drain?seconds=30".format(os.environ["LANEPOOL_METRICS_ADDR"]),
+            method="POST",
+            headers={"Authorization": "Bearer " + token},
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            record("answers", answer.read())
+
+    if os.environ.get("DRAIN_AT") == "received":
+        # Once the consumer took the job, before it goes to the pool.
+        signals.task_received.connect(lambda **_: drain_once(), weak=False)
+
+    class DrainingPool(TaskPool):
+        # The prefork pool (`-P custom`), with the drain landing as it takes a job, before a
+        # child starts it.
+
+        def apply_async(self, *args, **kwargs):
+            drain_once()
+            return super().apply_async(*args, **kwargs)
     """
 )
 
@@ -209,11 +242,17 @@ def submit(redis_server: RedisServer) -> Iterator[Callable[..., None]]:
     producer.install_celery()
     apps: dict[str, celery.Celery] = {}
 
-    def send(lane: str, name: str, seconds: float, broker: str | None = None) -> None:
+    def send(
+        lane: str,
+        name: str,
+        seconds: float,
+        broker: str | None = None,
+        countdown: float | None = None,
+    ) -> None:
         url = broker or redis_server.url
         if url not in apps:
             apps[url] = celery.Celery("lanes", broker=url)
-        apps[url].send_task("lanes_app.job", (name, seconds), queue=lane)
+        apps[url].send_task("lanes_app.job", (name, seconds), queue=lane, countdown=countdown)
 
     yield send
     before_task_publish.disconnect(producer.before_task_publish)
@@ -317,6 +356,104 @@ def test_a_drain_while_idle_hands_back_a_job_fetched_then_and_lapses(store, subm
     assert store.llen("urgent") == 1
     wait_until("the drain lapsing", lambda: listed(store, "finished") == ["u0"], 5)
     assert time.monotonic() - drained >= 3
+
+
+HANDED_BACK = "handed back: a drain or stand-in came before it started"
+
+
+def test_a_drain_before_the_hand_off_to_a_slot_sends_the_job_back_to_its_lane(
+    store, submit, start_worker
+):
+    # The drain lands after the consumer's gate let the job in, before the pool has it.
+    worker = start_worker(app_env={"DRAIN_AT": "received"})
+    submit("batch", "b0", 0.0)
+    wait_until("the drain answered", lambda: store.llen("answers") == 1)
+    answer = listed(store, "answers")[0]
+    assert value(answer, "lanepool_worker_draining") == 1
+    assert value(answer, "lanepool_worker_busy") == 0
+    wait_until(
+        "the job back in its lane or started",
+        lambda: store.llen("batch") == 1 or listed(store, "started"),
+        5,
+    )
+    time.sleep(1.0)
+    assert listed(store, "started") == [], "a job started after the drain answered idle"
+    assert store.llen("batch") == 1 and store.hlen("unacked") == 0
+    assert HANDED_BACK in worker.log()
+    # The slot it held is free again: called off, the drain lets the same worker run it.
+    worker.post("/drain?seconds=0")
+    wait_until("the job run once the drain is over", lambda: listed(store, "finished") == ["b0"])
+    assert listed(store, "started") == ["b0"]
+    assert value(worker.get(), "lanepool_job_duration_seconds_count", lane="batch") == 1
+
+
+def test_a_drain_as_the_pool_takes_the_job_sees_the_worker_busy(store, submit, start_worker):
+    # The prefork child reports the start later still: the job is busy from the hand-off on.
+    worker = start_worker(
+        pool="custom", app_env={"CELERY_CUSTOM_WORKER_POOL": "lanes_app:DrainingPool"}
+    )
+    submit("batch", "b0", 0.5)
+    submit("batch", "b1", 0.0)
+    wait_until("the drain answered", lambda: store.llen("answers") == 1)
+    answer = listed(store, "answers")[0]
+    assert value(answer, "lanepool_worker_draining") == 1
+    assert value(answer, "lanepool_worker_busy", lane="batch") == 1, (
+        "the drain answered idle for a job handed to a slot"
+    )
+    wait_until("the job in hand done", lambda: listed(store, "finished") == ["b0"])
+    wait_until("idle once it is done", lambda: value(worker.get(), "lanepool_worker_busy") == 0)
+    time.sleep(1.5)
+    assert listed(store, "started") == ["b0"], "a drained worker took a new job"
+    assert store.llen("batch") == 1
+    assert value(worker.get(), "lanepool_job_duration_seconds_count", lane="batch") == 1
+
+
+def held_for_its_countdown(worker: CeleryWorker) -> Callable[[], bool]:
+    """The worker's one job taken by the consumer: logged just before it goes to the timer."""
+    return lambda: (
+        re.search(r"Task lanes_app\.job\[[-0-9a-f]+\] received", worker.log()) is not None
+    )
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_countdown_job_due_on_a_drained_worker_goes_back_to_its_lane(
+    store, submit, start_worker, pool
+):
+    worker = start_worker(pool=pool)
+    submit("batch", "e0", 0.0, countdown=2.0)
+    wait_until("the job held for its countdown", held_for_its_countdown(worker))
+    answer = worker.post("/drain?seconds=60")
+    # Held in memory, not running, and it will not run here: idle is the truth.
+    assert value(answer, "lanepool_worker_busy") == 0
+    assert store.hlen("unacked") == 1 and store.llen("batch") == 0
+    wait_until(
+        "the countdown over",
+        lambda: HANDED_BACK in worker.log() or listed(store, "started"),
+        5,
+    )
+    time.sleep(0.5)
+    assert listed(store, "started") == [], "a countdown job started on a drained worker"
+    wait_until(
+        "the job back in its lane",
+        lambda: store.llen("batch") == 1 and store.hlen("unacked") == 0,
+        3,
+    )
+    assert value(worker.get(), "lanepool_worker_busy") == 0
+    worker.post("/drain?seconds=0")
+    wait_until("the job run once the drain is over", lambda: listed(store, "finished") == ["e0"])
+    assert listed(store, "started") == ["e0"]
+
+
+def test_a_drained_worker_stopped_while_holding_a_countdown_job_puts_it_back(
+    store, submit, start_worker
+):
+    worker = start_worker()
+    submit("batch", "e0", 0.0, countdown=60.0)
+    wait_until("the job held for its countdown", held_for_its_countdown(worker))
+    assert value(worker.post("/drain?seconds=60"), "lanepool_worker_busy") == 0
+    assert worker.stop(signal.SIGTERM) == 0
+    assert listed(store, "started") == []
+    assert store.llen("batch") == 1 and store.hlen("unacked") == 0
 
 
 # -- stand-in ----------------------------------------------------------------------------------

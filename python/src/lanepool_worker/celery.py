@@ -1,7 +1,8 @@
 """Celery adapter: `configure(app)` makes `celery -A app worker` take its lanes in strict order, one
 job per slot, count job time, wait and busy slots in the worker's main process, serve the metrics
 port, and drain and stand in through its own consumer. It must never start anything outside a
-worker's main process (producers import the same app), nor send a drain to another worker.
+worker's main process (producers import the same app), nor send a drain to another worker, nor
+hand a job to a slot without being busy with it in the same step as it checks for a drain.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery, bootsteps, signals
+from celery.exceptions import TaskRevokedError
+from celery.worker import state as celery_state
 from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 from celery.worker.worker import WorkController
@@ -303,17 +306,19 @@ class _CeleryWorker:
         """In the main process, for every job the consumer took, whatever the pool.
 
         Celery has no main-process signal for a job's start and end: the prefork pool fires
-        `task_prerun`/`task_postrun` in the child, where a count is lost. But every pool calls
-        the request's `on_accepted` when a slot starts the job and `on_success`/`on_failure`/
-        `on_timeout` when it ends, in the main process (the threads pool: on its threads). The
-        request's class is built per task by Celery without `__slots__`, so they can be wrapped
-        on the instance, for every task class and pool alike.
+        `task_prerun`/`task_postrun` in the child, where a count is lost. But every job goes to
+        the pool through the request's `execute_using_pool`, in the main process, and every pool
+        calls the request's `on_accepted` when a slot starts the job and `on_success`/
+        `on_failure`/`on_timeout` when it ends, in the main process (the threads pool: on its
+        threads). The request's class is built per task by Celery without `__slots__`, so they
+        can be wrapped on the instance, for every task class and pool alike.
         """
         if sender.app is not self.app:
             return
         lane = self._lane_from(request.delivery_info or {})
-        track = _JobTracker(self.state, lane, _submitted_at(request))
+        track = _JobTracker(self.state, lane, _submitted_at(request), self._hands_back)
         try:
+            request.execute_using_pool = track.handed_to_pool(request)
             request.on_accepted = track.accepted(request.on_accepted)
             request.on_success = track.ended(request.on_success)
             request.on_failure = track.ended(request.on_failure)
@@ -331,22 +336,103 @@ class _CeleryWorker:
         return str(key)
 
 
-class _JobTracker:
-    """One job's start and end as the main process sees them."""
+class _GivenBack(TaskRevokedError):  # type: ignore[misc]
+    """Raised out of `execute_using_pool` for a job given back instead of sent to the pool: the
+    worker takes a TaskRevokedError from there as "not sent", as for a revoked job, and frees the
+    place the prefork pool's semaphore held for it (kept otherwise, the slot would never take
+    again)."""
 
-    def __init__(self, state: WorkerState, lane: str, submitted_at: float | None) -> None:
+
+class _JobTracker:
+    """One job's hand-off to a slot, start and end as the main process sees them."""
+
+    def __init__(
+        self,
+        state: WorkerState,
+        lane: str,
+        submitted_at: float | None,
+        hands_back: Callable[[str], bool],
+    ) -> None:
         self._state = state
         self._lane = lane
         self._submitted_at = submitted_at
+        self._hands_back = hands_back
         self._job: Job | None = None
         self._ended = False
         self._lock = threading.Lock()
 
+    def handed_to_pool(self, request: Request) -> Callable[..., Any]:
+        """Wraps the request's `execute_using_pool`, the one way a job reaches a slot: the job is
+        marked busy there, in the same locked step as the drain check (`job_taken`), or given
+        back to its lane (`reject(requeue=True)`, as the consumer's gate does). A drain answered
+        before that step sends the job back; one answered after sees the worker busy, though the
+        prefork pool's child reports the start (`on_accepted`) only later.
+
+        ETA and countdown jobs held in the worker's memory come here too, when the consumer's
+        timer hands them to the pool: a drained worker gives them back rather than run them.
+        Counting them busy while held would keep a drained worker "busy" for as long as the
+        countdown (hours, for some), so its shrink would wait out the drain timeout and then stop
+        it by ranking alone; given back, none runs after a drain answered idle and none is lost.
+        Until its time a held job is an unacknowledged message, which kombu puts back in its
+        lane when a stopped worker's connection closes (after the visibility timeout if it was
+        killed); when its time comes on a drained worker, it goes back to its lane, past its ETA,
+        for the next worker that takes the lane."""
+        execute_using_pool = request.execute_using_pool
+
+        def wrapped(pool: Any, *args: Any, **kwargs: Any) -> Any:
+            job = self._taken()
+            if job is None:
+                if request.revoked():
+                    # Celery's own check first (it acknowledges the message): a revoked or
+                    # expired job given back would run on a worker that never heard of it.
+                    raise TaskRevokedError(request.id)
+                log.info(
+                    "%s: lane %s job %s handed back: a drain or stand-in came before it started",
+                    self._state.config.name,
+                    self._lane,
+                    request.id,
+                )
+                request.reject(requeue=True)
+                # Forgotten by Celery's bookkeeping too (`inspect reserved`, `scheduled`).
+                celery_state.task_ready(request)
+                raise _GivenBack(request.id)
+            try:
+                return execute_using_pool(pool, *args, **kwargs)
+            except BaseException:
+                # Revoked or expired (a TaskRevokedError), or refused by the pool: never run.
+                self._release(job)
+                raise
+
+        return wrapped
+
+    def _taken(self) -> Job | None:
+        """The job marked busy, or None when it goes back. The lanes are read after the request
+        count and `job_taken` refuses if any request came in between, so the decision holds as
+        if made under the state's lock."""
+        state = self._state
+        seen = state.requests_seen()
+        if self._hands_back(self._lane):
+            return None
+        job = state.job_taken(self._lane, self._submitted_at, requests_seen=seen)
+        if job is not None:
+            with self._lock:
+                self._job = job
+        return job
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            if self._job is not job:
+                return  # ended already (the solo pool runs the job inside the hand-off)
+            self._job, self._ended = None, True
+        self._state.job_handed_back(job)
+
     def accepted(self, on_accepted: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
-                # An end seen first (a pool reporting out of order) must not leave a slot busy.
-                if not self._ended:
+                # Busy since the hand-off. A job that reached a slot another way is busy from
+                # here; an end seen first (a pool reporting out of order) must not leave a slot
+                # busy.
+                if self._job is None and not self._ended:
                     self._job = self._state.job_started(self._lane, self._submitted_at)
             return on_accepted(*args, **kwargs)
 
