@@ -712,19 +712,47 @@ async fn a_drain_a_frozen_leader_left_is_ended_by_the_standby_when_the_shrink_is
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_template_change_under_load_rolls_workers_over_only_once_they_are_idle() {
-    // Every shared worker 2 s or less into a 10 s job when the pod template changes: the new
-    // workers wait behind their readiness gate, each old one is drained, and a new one counts
-    // as available (so the Deployment controller stops an old one) only once one is idle.
+async fn a_shrink_during_a_rollover_waits_for_it_and_cuts_no_job_short() {
+    // Issue 50, item 3: the pod template changes under load and, while the new workers take
+    // over, the reserve grows and shared shrinks 4 → 2. The Deployment controller would take the
+    // shrink from both ReplicaSets in proportion, not from drained workers: the shrink waits for
+    // the rollover, which drains its own, and then drains as any other.
     let world = World::start(
-        "rollover",
+        "rollshrink",
         lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
         Duration::ZERO,
     )
     .await;
     busy_pool(&world).await;
     let old: BTreeSet<String> = world.pod_names(SHARED).await;
-    let changed = Instant::now();
+    change_template(&world).await;
+    until(30, "a shared worker of the new template", || async {
+        !world.pod_names(SHARED).await.is_subset(&old)
+    })
+    .await;
+    world.raise_reserve(3).await;
+    until(
+        180,
+        "3 reserved and 2 shared workers, of the new template",
+        || async {
+            let now = world.pod_names(SHARED).await;
+            world.counts("jobs-urgent-reserved").await.1 == 3
+                && now.len() == 2
+                && now.is_disjoint(&old)
+        },
+    )
+    .await;
+    let cut_short = world.cut_short();
+    println!(
+        "shrink during a rollover: {cut_short} jobs cut short; busy workers stopped: {}",
+        world.busy_stopped()
+    );
+    assert_eq!(cut_short, 0.0, "a job was cut short");
+    assert_eq!(world.busy_stopped(), 0);
+}
+
+/// Changes the shared workers' pod template (an environment variable added).
+async fn change_template(world: &World) {
     Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
         .patch(
             "jobs",
@@ -740,6 +768,23 @@ async fn a_template_change_under_load_rolls_workers_over_only_once_they_are_idle
         )
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_change_under_load_rolls_workers_over_only_once_they_are_idle() {
+    // Every shared worker 2 s or less into a 10 s job when the pod template changes: the new
+    // workers wait behind their readiness gate, each old one is drained, and a new one counts
+    // as available (so the Deployment controller stops an old one) only once one is idle.
+    let world = World::start(
+        "rollover",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::ZERO,
+    )
+    .await;
+    busy_pool(&world).await;
+    let old: BTreeSet<String> = world.pod_names(SHARED).await;
+    let changed = Instant::now();
+    change_template(&world).await;
     let first_gone = std::sync::Mutex::new(None);
     let rolled = until(150, "every shared worker of the new template", || async {
         let now = world.pod_names(SHARED).await;

@@ -45,6 +45,8 @@ const PURE: &[&str] = &[
     "src/controller/triggers.rs",
     "src/controller/pool_index.rs",
     "src/controller/pods",
+    "src/controller/plan",
+    "src/controller/worker.rs",
 ];
 
 struct Crate {

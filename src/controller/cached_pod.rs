@@ -17,32 +17,32 @@ use crate::controller::protocol::{DELETION_COST, METRICS_PORT, TAKEOVER_CONDITIO
 /// ownership check read, and nothing else (no labels, managed fields, environment, volumes or
 /// images), so 10,000 cached Pods take a few MB.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(in crate::controller) struct CachedPod {
-    pub(in crate::controller) name: String,
+pub(crate) struct CachedPod {
+    pub(crate) name: String,
     /// The uid of its controller, when that is a ReplicaSet.
-    pub(in crate::controller) replicaset: Option<String>,
+    pub(crate) replicaset: Option<String>,
     /// Its deletion has begun.
-    pub(in crate::controller) terminating: bool,
+    pub(crate) terminating: bool,
     /// It has Failed or Succeeded (evicted, its node shut down): the ReplicaSet controller no
     /// longer counts it, and the address it keeps until garbage collection may be another Pod's.
-    pub(in crate::controller) finished: bool,
+    pub(crate) finished: bool,
     /// Bound, Running and Ready.
-    pub(in crate::controller) ready: bool,
+    pub(crate) ready: bool,
     /// `ip:port` of its container port named [`METRICS_PORT`].
-    pub(in crate::controller) address: Option<String>,
+    pub(crate) address: Option<String>,
     /// When its newest container started: its counters count from then.
-    pub(in crate::controller) started: Option<Timestamp>,
+    pub(crate) started: Option<Timestamp>,
     /// Its deletion-cost annotation as it is.
-    pub(in crate::controller) deletion_cost: Option<String>,
+    pub(crate) deletion_cost: Option<String>,
     /// It waits for the operator to set its readiness gate [`TAKEOVER_CONDITION`]: its spec has
     /// the gate, and the condition is not True yet.
-    pub(in crate::controller) awaiting_takeover: bool,
+    pub(crate) awaiting_takeover: bool,
     /// Its containers are ready (`ContainersReady`): all a gated Pod lacks is its gate.
-    pub(in crate::controller) containers_ready: bool,
+    pub(crate) containers_ready: bool,
     /// Why it cannot start, when a container waits for a reason of [`CANNOT_START`] (an image
     /// that cannot be pulled, a missing Secret, a crash loop): the reason, and the kubelet's
     /// message cut to [`WAITING_MESSAGE_BYTES`].
-    pub(in crate::controller) cannot_start: Option<(&'static str, String)>,
+    pub(crate) cannot_start: Option<(&'static str, String)>,
 }
 
 /// The reasons a container waits for that it will not get past by itself: the pool says so

@@ -513,6 +513,16 @@ impl FakeCluster {
         super::reconcile(self.pool.clone(), self.ctx.clone()).await
     }
 
+    /// The ReplicaSet controller stops `pod`: it leaves the Pod cache.
+    pub(super) fn stop(&self, pod: &str) {
+        let gone: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": NAMESPACE, "labels": {POOL_LABEL: "jobs"}},
+        }))
+        .unwrap();
+        self.pods.apply(Event::Delete(gone), CachedPod::of);
+    }
+
     /// The worker of Pod `pod`.
     pub(super) fn worker(&self, pod: &str) -> &FakeWorker {
         &self.workers[pod]

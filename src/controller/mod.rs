@@ -1,9 +1,11 @@
 //! The LanePool controller: for each watched scope its watches and queue (`watches.rs`), and one
-//! reconcile per pool (`reconcile.rs`): observe, decide, roll out, act. The modules depend one
-//! way, each only on those listed before it:
+//! reconcile per pool (`reconcile.rs`): observe, plan, act. The modules depend one way, each only
+//! on those listed before it:
 //! - pure: `protocol`, `cut`, `settings`, `credential` (what steers a worker), `deployments` (the
-//!   Deployments a pool runs), `status`, `cached_pod`, `rollout/` (surge, drains, stand-ins, costs, takeovers), `state/`
-//!   (what a pool carries between reconciles), `pool_index`, `triggers`;
+//!   Deployments a pool runs), `status`, `cached_pod` and `worker` (a Pod as the cache keeps it),
+//!   `rollout/` (surge, drains, stand-ins, costs, takeovers), `plan/` (a reconcile's rollout, from
+//!   what it saw to its effects; the simulator runs it too), `state/` (what a pool carries
+//!   between reconciles), `pool_index`, `triggers`;
 //! - the watch caches and the shared context: `caches`, `events`, `worker_http` (the client of
 //!   every request to a worker Pod), `context`;
 //! - one reconcile's snapshot of a pool's Pods, without I/O: `pods/`;
@@ -13,7 +15,7 @@
 //! `tests/structure.rs` fails on an import circle anywhere in the crate.
 
 mod act;
-mod cached_pod;
+pub(crate) mod cached_pod;
 mod caches;
 mod context;
 mod credential;
@@ -23,6 +25,7 @@ mod events;
 #[cfg(test)]
 mod fake;
 mod observe;
+pub(crate) mod plan;
 mod pods;
 mod pool_index;
 mod protocol;
@@ -33,6 +36,7 @@ mod state;
 mod status;
 mod triggers;
 mod watches;
+pub(crate) mod worker;
 mod worker_http;
 
 use std::sync::Arc;

@@ -1,20 +1,21 @@
-//! One reconcile of one LanePool, as one forward walk through four kinds of stage:
-//! - **observe**: the pool's Deployments and Pods from the watch caches (`caches.rs`, `pods/`);
-//!   when the pool is due, the lanes' load from Prometheus and the workers' own counts at once
-//!   (`observe/measure.rs`, `observe/reads.rs`); what the workers are doing, when a step chooses
-//!   whom to stop (`observe/work.rs`, each worker asked at most once per reconcile);
-//! - **decide** (`crate::sizing`) and **roll out** (`rollout/`), without I/O: the counts, then
-//!   this step's growth, stand-ins and drains ([`rollout::rollout`]), and once the drains have
-//!   answered, what goes out and what still waits ([`rollout::Rollout::settle`]);
-//! - **act** (`act/`): the growth first and alone; the stand-ins, drains and readiness gates;
-//!   the ranking of what shrinks now; the rest of the counts; the status and events;
+//! One reconcile of one LanePool: observe → plan → act, each stage entered once.
+//! - **observe**: the pool's Deployments and Pods from the watch caches (`caches.rs`, `pods/`),
+//!   the workers' credential once per process, and in one round the lanes' load and job times
+//!   when due (`observe/measure.rs`), the workers' own counts (`observe/reads.rs`), what the
+//!   workers of the Deployments in motion are doing (`observe/work.rs`), each worker asked at most
+//!   once;
+//! - **plan**, without I/O: the decision (`crate::sizing`) when due, then the rollout
+//!   (`plan::plan`): the effects to perform, and the next memory;
+//! - **act** (`act/`): the growth first and alone; the credential; the Pods' costs and gates and
+//!   the requests to workers, their answers recorded for the next reconcile (`plan::record`);
+//!   the counts; the status and events;
 //! - **requeue**.
 //!
 //! The pool's carried state (`state/`) is written back at one point whatever the walk's outcome.
 //! Errors the CRD cannot catch (a missing Secret, a URL not allowed, a name taken) set
 //! Ready=False and are retried with backoff, without touching other pools.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,21 +24,24 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::act::credential as act_credential;
-use super::act::{apply, drain, rank, report, stand_in, takeover};
+use super::act::{apply, report, steer};
 use super::context::Context;
 use super::credential::WorkerCredential;
 use super::observe::credential as observe_credential;
 use super::observe::deployments as observe_deployments;
-use super::observe::work::{LastMeasured, Observed};
-use super::observe::{autoscalers, measure, reads};
+use super::observe::{autoscalers, measure, reads, work};
+use super::plan::{self, inherited::Inherited};
 use super::pods::{self, PoolPods};
-use super::rollout::{self, Rules, Settled, grace};
+use super::rollout::cost::Reading;
+use super::rollout::{Rules, grace};
 use super::state::pools::PoolKey;
+use super::state::worker_reads::CountsRead;
 use super::state::{self, PoolMemory, STATUS_REFRESH, Start};
-use super::{caches, deployments, settings, status};
+use super::{caches, deployments, status};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Inputs, PoolSizing, Replicas, decide};
 use crate::{Error, Result};
@@ -138,8 +142,8 @@ impl Walk<'_> {
     async fn run(&self, sizing: &PoolSizing, memory: &mut PoolMemory) -> Result<Duration> {
         let (pool, ctx, now) = (self.pool, self.ctx, self.now);
         let generation = pool.metadata.generation;
-        // Observe the Deployments (the watch cache; the API server for the names it lacks), and
-        // step the carried state: is the pool due?
+        // Observe: the Deployments (the watch cache; the API server for the names it lacks), and
+        // the carried state stepped: is the pool due?
         let live = self.read_deployments(memory);
         let not_cached = observe_deployments::not_cached(pool, ctx, &live).await?;
         let period = state::period(self.interval, &pool.uid().unwrap_or_default());
@@ -149,58 +153,62 @@ impl Walk<'_> {
         if let Some(late) = start.late {
             ctx.metrics.measured_late(late);
         }
-        // The pool's own workers: only Pods its Deployments' ReplicaSets control are asked
-        // anything. All Pod I/O of this reconcile (reads, drains, ranking) ends within one budget.
+        // Observe: the pool's own workers (only Pods its Deployments' ReplicaSets control are
+        // asked anything, all within one budget), the credential they are steered with, and in
+        // one round the lanes' load when due, the workers' counts and what the workers of the
+        // Deployments in motion are doing.
         let pods = PoolPods::new(ctx, pool, live.values(), pods::budget(self.interval));
-        // Observe the lanes' load and decide, when due.
-        let decision = match start.due {
-            true => Some(
-                self.measure_and_decide(sizing, &start, &pods, memory)
-                    .await?,
-            ),
-            false => None,
-        };
-        // Roll out, the first half: this step's growth, stand-ins and drains.
-        let rules = rules(ctx);
-        let (target, own) = (memory.target(), memory.applied.as_ref());
-        let surge = memory.surge(now);
-        let rollout = rollout::rollout(pool, &live, &target, own, &surge, rules);
-        let surge_ended = memory.surging(&rollout, now);
-        surge_end(ctx, surge_ended);
-        // The latest a waiting shrink waits for the Deployments taking over.
-        let surge_ends = memory.surge_wait.ends(ctx.settings.surge_timeout, now);
+        let credential = self.read_credential(memory).await;
+        let moving = plan::in_motion(
+            pool,
+            &live,
+            pods.workers(),
+            &memory.target(),
+            &memory.steering,
+        );
+        let seen = self.observe(&start, &pods, &moving, memory).await?;
+        // Plan: the decision when due, then the rollout, without I/O.
+        let decision = seen
+            .measured
+            .map(|measured| self.decide(sizing, &start, measured, memory));
+        let target = memory.target();
         let last = memory.applied.clone().or(start.current.clone());
+        let reading = seen.work.map(|mut reading| {
+            reading.job_seconds = memory.job_seconds.clone();
+            reading
+        });
+        let observed = plan::Seen {
+            pool,
+            live: &live,
+            workers: pods.workers(),
+            work: reading.as_ref(),
+            inherited: seen.inherited.as_ref(),
+            target: &target,
+            applied: memory.applied.as_ref(),
+            now,
+        };
+        let effects = plan::plan(&observed, &mut memory.steering, settings(ctx));
+        surge_end(ctx, effects.surge_ended);
+        // Act: the growth, alone, before any worker is asked anything; the credential, made or
+        // rotated when due; the requests to workers and the Pods' costs and gates (their answers
+        // kept for the next reconcile); the counts; the status and events.
         let deployments = apply::Deployments::new(pool, ctx, &live, &not_cached, last);
-        // Act: the growth, alone, before any shrinking Deployment's Pod is asked anything.
-        if let Some(growth) = &rollout.growth {
+        if let Some(growth) = &effects.growth {
             deployments.apply(growth).await?;
         }
-        // Act: the credential the workers are steered with, made or rotated when due.
-        pods.steer_with(self.credential(memory).await);
-        // Act: the stand-ins, the drains and the readiness gates, each worker read once; then
-        // roll out the second half (what goes out now that the drains answered) and rank the
-        // Pods of what shrinks now, idle workers first. The last measurement is lent to these
-        // steps, not copied (it holds the Prometheus connection's certificates), and given back
-        // before anything can return early.
-        let connection = memory.connection.take();
-        let job_seconds = std::mem::take(&mut memory.job_seconds);
-        let measured = LastMeasured {
-            connection: connection.as_ref(),
-            job_seconds: &job_seconds,
-        };
-        let seen = Observed::new(pool, ctx, &pods, measured);
-        let floors = self
-            .stand_in_and_drain(&seen, memory, &rollout, rules, surge_ends)
-            .await;
-        let Settled { release, held } =
-            rollout.settle(pool, &live, &floors, &memory.drains, (surge_ends, now));
-        self.rank(&seen, memory, &live, &release).await;
-        drop(seen);
-        memory.connection = connection;
-        memory.job_seconds = job_seconds;
-        // Act: apply the rest; remove what no lane runs once its workers may go.
+        pods.steer_with(self.keep_credential(credential, memory).await);
+        let answers = steer::steer((pool, ctx, &pods), &effects).await;
+        plan::record(&mut memory.steering, answers);
+        if let Some(busy) = effects.stopped_busy {
+            let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+            ctx.metrics.stopped_busy(&namespace, &name, busy);
+        }
+        let release = effects.release;
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
+        for (reason, note) in effects.events {
+            ctx.event(pool, EventType::Normal, reason, note).await;
+        }
         if pods.refused_credential.load(Ordering::Relaxed) {
             memory.credential.doubt();
         }
@@ -210,6 +218,7 @@ impl Walk<'_> {
         let running = release.replicas.clone();
         memory.rolled_out(release, generation);
         // Act: report, with what runs beside what was decided.
+        let held = effects.held;
         let shown = |status| report::with_rollout(status, &running, &held, |at| ctx.wall(at));
         match decision {
             Some(decision) => {
@@ -223,61 +232,82 @@ impl Walk<'_> {
         Ok(memory.requeue_after(period, ctx.settings.surge_timeout, now))
     }
 
-    /// The credential the pool's drain and stand-in requests carry: read once per process (an
-    /// observation, taken here rather than at the start so the growth goes out first), made or
-    /// rotated when due. Only for a template with a `metrics` port (no other is asked
-    /// anything); `None` when the pool has none (its shrinks that need a drain wait).
-    async fn credential(&self, memory: &mut PoolMemory) -> Option<WorkerCredential> {
+    /// Observes, in one round: the lanes' load and every lane's job time from Prometheus (when
+    /// due), the workers' counts (when due), what the workers of the `moving` Deployments are
+    /// doing (every worker's, when due: a decision may start a shrink anywhere; Prometheus asked
+    /// for them too only while some Deployment moves), and once per process what an earlier
+    /// leader left in the workers. Each worker is asked once, whatever needs its answer.
+    async fn observe<'p>(
+        &self,
+        start: &Start,
+        pods: &PoolPods<'p>,
+        moving: &BTreeSet<String>,
+        memory: &PoolMemory,
+    ) -> Result<Observed> {
         let (pool, ctx) = (self.pool, self.ctx);
-        if !deployments::serves_metrics(pool.spec.template.spec.as_ref()) {
-            return None;
-        }
-        observe_credential::read(pool, ctx, &mut memory.credential).await;
-        act_credential::keep(pool, ctx, &mut memory.credential).await
+        let measure = async {
+            match start.due {
+                true => Some(measure::measure_pool(pool, ctx, self.interval).await),
+                false => None,
+            }
+        };
+        let counts = async {
+            match start.due {
+                true => reads::ask(&memory.worker_reads, pool, ctx, pods).await,
+                false => None,
+            }
+        };
+        let whose = work::Whose {
+            deployments: (!start.due).then_some(moving),
+            scrape: !moving.is_empty(),
+        };
+        let reading = async {
+            match start.due || !moving.is_empty() {
+                true => {
+                    let connection = memory.connection.as_ref();
+                    let job_seconds = &memory.job_seconds;
+                    Some(work::read((pool, ctx, pods), whose, connection, job_seconds).await)
+                }
+                false => None,
+            }
+        };
+        let inherited = async {
+            match memory.steering.inherited_read {
+                true => None,
+                false => Some(work::inherited(pods).await),
+            }
+        };
+        let (measured, counts, work, inherited) =
+            futures::join!(measure, counts, reading, inherited);
+        let measured = match measured {
+            Some(measured) => Some((measured?, counts)),
+            None => None,
+        };
+        Ok(Observed {
+            measured,
+            work,
+            inherited,
+        })
     }
 
-    /// The pool's Deployments, from the watch cache: its own by name (those of removed lanes
-    /// still leaving too), and after a spec change or a restart every one labelled as the pool's
-    /// (what a removed lane left behind).
-    fn read_deployments(&self, memory: &PoolMemory) -> BTreeMap<String, Deployment> {
-        let pool = self.pool;
-        let names: Vec<String> = deployments::pool_roles(pool, &Replicas::default())
-            .into_iter()
-            .map(|(name, _, _)| name)
-            .chain(memory.leaving.iter().cloned())
-            .collect();
-        let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
-        let namespace = pool.namespace().unwrap_or_default();
-        self.ctx
-            .caches
-            .pool_deployments(&namespace, &pool.name_any(), &names, sweep)
-            .into_iter()
-            .map(|d| (d.name_any(), d))
-            .collect()
-    }
-
-    /// Measures the pool (Prometheus and the workers asked at once, neither waiting for the
-    /// other; this evaluation's read applied, without one Prometheus decides; every lane's job
-    /// time remembered for the drains and the ranking) and decides.
-    async fn measure_and_decide(
+    /// Decides from this evaluation's measurement (the workers' counts applied; without one
+    /// Prometheus decides), every lane's job time remembered for the drains and the ranking.
+    fn decide(
         &self,
         sizing: &PoolSizing,
         start: &Start,
-        pods: &PoolPods<'_>,
+        (measured, counts): (measure::Measured, Option<CountsRead>),
         memory: &mut PoolMemory,
-    ) -> Result<Decision> {
+    ) -> Decision {
         let (pool, ctx) = (self.pool, self.ctx);
-        let (measured, answers) = futures::join!(
-            measure::measure_pool(pool, ctx, self.interval),
-            reads::ask(&memory.worker_reads, pool, ctx, pods),
-        );
-        let (mut loads, connection) = measured?;
-        reads::record(ctx, &mut memory.worker_reads, answers, &loads);
+        let measure::Measured {
+            mut loads,
+            job_seconds,
+            connection,
+        } = measured;
+        reads::record(ctx, &mut memory.worker_reads, counts, &loads);
         let window = reads::rate_window(ctx);
         memory.worker_reads.apply_to(&mut loads, window);
-        let within = settings::measure_deadline(self.interval);
-        let job_seconds =
-            measure::served_job_seconds(pool, ctx, connection.as_ref(), &loads, within).await;
         // The lanes only shared workers serve: their longest job time says how seldom, at
         // least, a shared worker frees up to help a reserve lane.
         let shared_job_seconds = job_seconds
@@ -298,92 +328,52 @@ impl Walk<'_> {
             },
         );
         memory.decided(&decision, pool.metadata.generation, self.now);
-        Ok(decision)
+        decision
     }
 
-    /// Advances the stand-ins of the shrinks waiting for the surge (until `surge_ends`), the
-    /// drains (calling off those whose shrink is gone) and the rollovers' readiness gates;
-    /// returns the fewest workers each shrinking Deployment may run now.
-    async fn stand_in_and_drain(
+    /// The credential the pool's drain and stand-in requests carry, as the Secret has it: read
+    /// once per process. Only for a template with a `metrics` port (no other is asked anything);
+    /// `false` when the pool has none.
+    async fn read_credential(&self, memory: &mut PoolMemory) -> bool {
+        let (pool, ctx) = (self.pool, self.ctx);
+        if !deployments::serves_metrics(pool.spec.template.spec.as_ref()) {
+            return false;
+        }
+        observe_credential::read(pool, ctx, &mut memory.credential).await;
+        true
+    }
+
+    /// The credential, made or rotated when due (an act: after the growth); `None` when the pool
+    /// steers no worker (its shrinks that need a drain wait).
+    async fn keep_credential(
         &self,
-        seen: &Observed<'_>,
+        steered: bool,
         memory: &mut PoolMemory,
-        rollout: &rollout::Rollout,
-        rules: Rules,
-        surge_ends: Duration,
-    ) -> BTreeMap<String, i32> {
-        // What an earlier leader left in the workers: taken over, or ended, by the steps below.
-        if !memory.inherited_read {
-            let inherited = seen.inherited().await;
-            if inherited.len() > 0 {
-                info!(
-                    workers = inherited.len(),
-                    "workers drain or stand in for an earlier leader: taken over where this \
-                     rollout wants them, ended elsewhere"
-                );
-            }
-            inherited.adopt(&mut memory.drains, &mut memory.stand_ins, self.now);
-            memory.inherited_read = true;
+    ) -> Option<WorkerCredential> {
+        match steered {
+            true => act_credential::keep(self.pool, self.ctx, &mut memory.credential).await,
+            false => None,
         }
-        // While a shrink waits for the surge, its workers that will stop stand in for the new
-        // ones; once it goes, the drain takes those that said so first, and sends back every
-        // other that may stand in (one not heard from may have taken the request late).
-        let ended = stand_in::stand_in_during_surges(
-            seen,
-            &mut memory.stand_ins,
-            &rollout.stand_ins,
-            surge_ends,
-            self.now,
-        )
-        .await;
-        let shrinks = &rollout.shrinks;
-        let drains = &mut memory.drains;
-        let stood_in = ended
-            .iter()
-            .map(|(deployment, s)| (deployment.clone(), s.pods.clone()))
-            .collect();
-        let floors = drain::drain_before_shrinks(seen, drains, shrinks, &stood_in, self.now).await;
-        let drains = &memory.drains;
-        stand_in::end(seen.pods, ended, |deployment, pod| {
-            drains
-                .get(deployment)
-                .is_some_and(|d| d.pods.contains_key(pod))
-        })
-        .await;
-        // A template change: each new worker counts as available once an old one is idle.
-        let shrinking = memory.drains.keys().cloned().collect();
-        takeover::open_gates(
-            seen,
-            &mut memory.rollovers,
-            &shrinking,
-            rules.drain,
-            self.now,
-        )
-        .await;
-        floors
     }
 
-    /// Ranks the Pods of each Deployment that shrinks with `release`, its drained workers first.
-    async fn rank(
-        &self,
-        seen: &Observed<'_>,
-        memory: &PoolMemory,
-        live: &BTreeMap<String, Deployment>,
-        release: &rollout::Release,
-    ) {
-        let to = deployments::counts_by_name(self.pool, Some(&release.replicas));
-        for deployment in &release.shrinking {
-            let drained = memory
-                .drains
-                .get(deployment)
-                .map(|d| d.idle())
-                .unwrap_or_default();
-            let from = live.get(deployment).and_then(deployments::spec_replicas);
-            let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
-            let stopping = usize::try_from(stopping).unwrap_or(0);
-            let shrink = (deployment.as_str(), stopping);
-            rank::rank_before_shrink(seen, shrink, &drained).await;
-        }
+    /// The pool's Deployments, from the watch cache: its own by name (those of removed lanes
+    /// still leaving too), and after a spec change or a restart every one labelled as the pool's
+    /// (what a removed lane left behind).
+    fn read_deployments(&self, memory: &PoolMemory) -> BTreeMap<String, Deployment> {
+        let pool = self.pool;
+        let names: Vec<String> = deployments::pool_roles(pool, &Replicas::default())
+            .into_iter()
+            .map(|(name, _, _)| name)
+            .chain(memory.leaving.iter().cloned())
+            .collect();
+        let sweep = memory.swept.is_none() || memory.swept != pool.metadata.generation;
+        let namespace = pool.namespace().unwrap_or_default();
+        self.ctx
+            .caches
+            .pool_deployments(&namespace, &pool.name_any(), &names, sweep)
+            .into_iter()
+            .map(|d| (d.name_any(), d))
+            .collect()
     }
 
     /// Reports a decision: conditions (the autoscaler check, the grace period and the workers
@@ -443,13 +433,26 @@ impl Walk<'_> {
 }
 
 /// How the operator's flags say to roll decisions out.
-fn rules(ctx: &Context) -> Rules {
+fn settings(ctx: &Context) -> plan::Settings {
     let rank = ctx.settings.idle_workers_first;
-    Rules {
+    let rules = Rules {
         surge_timeout: ctx.settings.surge_timeout,
         rank,
         drain: rank && !ctx.settings.drain_timeout.is_zero(),
+    };
+    plan::Settings {
+        rules,
+        drain_timeout: ctx.settings.drain_timeout,
+        stand_ins: true,
     }
+}
+
+/// What one reconcile observed beyond the watch caches.
+struct Observed {
+    /// The measurement and the workers' counts, when due.
+    measured: Option<(measure::Measured, Option<CountsRead>)>,
+    work: Option<Reading>,
+    inherited: Option<Inherited>,
 }
 
 fn surge_end(ctx: &Context, waited: Option<Duration>) {

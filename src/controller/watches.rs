@@ -131,7 +131,7 @@ fn autoscalers(
 
 /// The pools' Pods, only what a reconcile reads of them, grouped by pool: no reconcile lists or
 /// scans them. A Pod waiting only for its readiness gate reconciles its pool at once: the gate
-/// opens there (`act/takeover.rs`), and the Pod counts as ready only then.
+/// opens there (`plan/gates.rs`, written by `act/steer.rs`), and the Pod counts as ready only then.
 fn pods(
     api: Api<Pod>,
 ) -> (

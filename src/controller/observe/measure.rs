@@ -90,12 +90,21 @@ pub(in crate::controller) fn refresh_period(scrape_interval: Duration) -> Durati
     (scrape_interval / 3).max(Duration::from_millis(100))
 }
 
-/// The pool's loads, and the connection they were measured through (none without a URL).
+/// What one measurement of a pool found: the reserve lanes' loads, every lane's mean job time,
+/// and the connection they were measured through (none without a URL).
+pub(in crate::controller) struct Measured {
+    pub(in crate::controller) loads: Loads,
+    pub(in crate::controller) job_seconds: BTreeMap<String, f64>,
+    pub(in crate::controller) connection: Option<Connection>,
+}
+
+/// Measures the pool in one round: the reserve lanes' loads and the other lanes' job times, all
+/// at once, within the measurement's deadline.
 pub(in crate::controller) async fn measure_pool(
     pool: &LanePool,
     ctx: &Context,
     interval: Duration,
-) -> Result<(Loads, Option<Connection>)> {
+) -> Result<Measured> {
     let queries = pool_queries(pool, &ctx.settings.windows)?;
     let unavailable = |reason: &str| -> Loads {
         queries
@@ -109,12 +118,14 @@ pub(in crate::controller) async fn measure_pool(
         .clone()
         .or_else(|| ctx.settings.default_prometheus_url.clone())
     else {
-        return Ok((
-            unavailable(
-                "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url",
-            ),
-            None,
-        ));
+        let loads = unavailable(
+            "no Prometheus URL: set spec.prometheus.url or the operator's --prometheus-url",
+        );
+        return Ok(Measured {
+            loads,
+            job_seconds: BTreeMap::new(),
+            connection: None,
+        });
     };
     let named = spec::Named {
         allowed: &ctx.settings.allowed_prometheus_urls,
@@ -133,52 +144,59 @@ pub(in crate::controller) async fn measure_pool(
     let connection = spec::connection(&source, url, named, timeout, read).await?;
     let client = ctx.prometheus.for_pool(&connection, &pool_key(pool))?;
     let period = refresh_period(ctx.settings.windows.scrape_interval);
-    let loads = measure(&client, &queries, period, measure_deadline(interval)).await;
-    Ok((loads, Some(connection)))
+    let deadline = measure_deadline(interval);
+    let measured = lanes_job_seconds(pool, ctx, &client, &queries, deadline);
+    let (loads, mut job_seconds) =
+        futures::join!(measure(&client, &queries, period, deadline), measured);
+    job_seconds.extend(
+        loads
+            .iter()
+            .filter_map(|(lane, load)| Some((lane.clone(), load.as_ref().ok()?.job_seconds?))),
+    );
+    Ok(Measured {
+        loads,
+        job_seconds,
+        connection: Some(connection),
+    })
 }
 
-/// Mean job seconds of every lane: the reserve lanes' from their loads, the others' from the
-/// metric convention's shared job-time query (already refreshed for the reserve lanes, so no
-/// extra query). A lane without an answer within `within` is left out: a shared answer that
-/// hangs never holds the reconcile past its measurement's deadline.
-pub(in crate::controller) async fn served_job_seconds(
+/// Mean job seconds of the lanes without a reserve query (`measured` has the others), from the
+/// metric convention's shared job-time query. A lane without an answer within `within` is left
+/// out: a shared answer that hangs never holds the reconcile past its measurement's deadline.
+async fn lanes_job_seconds(
     pool: &LanePool,
     ctx: &Context,
-    connection: Option<&Connection>,
-    loads: &Loads,
+    client: &Client,
+    measured: &[LaneQueries],
     within: Duration,
 ) -> BTreeMap<String, f64> {
-    let until = tokio::time::Instant::now() + within;
-    let mut seconds: BTreeMap<String, f64> = loads
-        .iter()
-        .filter_map(|(lane, load)| Some((lane.clone(), load.as_ref().ok()?.job_seconds?)))
-        .collect();
-    let Some(client) = connection.and_then(|c| ctx.prometheus.get(c).ok()) else {
-        return seconds;
-    };
     let namespace = pool.namespace().unwrap_or_default();
     let period = refresh_period(ctx.settings.windows.scrape_interval);
-    for lane in pool
+    let asked = pool
         .spec
         .lanes
         .iter()
-        .filter(|l| !loads.contains_key(&l.name))
-    {
-        let query = default_job_time(
-            &namespace,
-            &pool.name_any(),
-            &lane.name,
-            &ctx.settings.windows,
-        );
-        let Ok(answer) = tokio::time::timeout_at(until, client.ask(&query, period)).await else {
-            warn!(lane = %lane.name, "no job time: Prometheus's shared answer came too late");
-            break;
-        };
-        if let Ok(value) = single_value("job time", &answer) {
-            seconds.insert(lane.name.clone(), value);
+        .filter(|l| !measured.iter().any(|q| q.lane == l.name))
+        .map(|lane| {
+            let query = default_job_time(
+                &namespace,
+                &pool.name_any(),
+                &lane.name,
+                &ctx.settings.windows,
+            );
+            async move {
+                let answer = client.ask(&query, period).await;
+                let value = single_value("job time", &answer).ok()?;
+                Some((lane.name.clone(), value))
+            }
+        });
+    match tokio::time::timeout(within, futures::future::join_all(asked)).await {
+        Ok(answers) => answers.into_iter().flatten().collect(),
+        Err(_) => {
+            warn!("no job time: Prometheus's shared answer came too late");
+            BTreeMap::new()
         }
     }
-    seconds
 }
 
 /// The most a ranking or a drain waits for Prometheus to say which workers are busy: as long as

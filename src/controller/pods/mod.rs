@@ -11,8 +11,7 @@
 mod owners;
 mod pool_pods;
 mod text;
-mod worker;
 
+pub(super) use super::worker::Worker;
 pub(super) use pool_pods::{MetricsText, POD_BUDGET, PoolPods, REQUESTS_IN_FLIGHT, budget};
 pub(super) use text::{finished_counts, gauge_values, parse_gauges, read_answer};
-pub(super) use worker::Worker;

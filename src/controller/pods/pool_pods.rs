@@ -14,12 +14,12 @@ use kube::ResourceExt;
 
 use super::owners::{Owners, PoolDeployments, pool_deployments};
 use super::text::gauge_values;
-use super::worker::Worker;
 use crate::api::LanePool;
 use crate::controller::context::{Context, POD_REQUESTS_IN_FLIGHT};
 use crate::controller::credential::WorkerCredential;
 use crate::controller::protocol::CREDENTIAL_METRIC;
 use crate::controller::settings::measure_deadline;
+use crate::controller::worker::Worker;
 
 /// One reconcile's view of one pool's Pods: only its own workers (see `owners.rs`) are ever
 /// read, asked to drain or annotated, and all of it within one deadline.
@@ -137,14 +137,6 @@ impl<'a> PoolPods<'a> {
             .collect();
         unchecked.sort();
         Some(unchecked)
-    }
-
-    /// The live workers of the pool's Deployment `deployment`.
-    pub(in crate::controller) fn workers_of(&self, deployment: &str) -> Vec<&Worker> {
-        self.workers()
-            .iter()
-            .filter(|w| w.deployment == deployment)
-            .collect()
     }
 
     /// Of `workers`, the `/metrics` answers this reconcile already has, (pod name, answer), and

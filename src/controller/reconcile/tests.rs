@@ -245,9 +245,10 @@ mod whole {
                 }
             }
         }
-        // The cost is written in one reconcile; the shrink goes in the next, once the cache
-        // shows it (the ReplicaSet controller reads the same watch).
-        assert_eq!(order, [("cost", 0), ("shrink", 1)]);
+        // The idle answer comes in one reconcile (to its drain request); the cost is written in
+        // the next, from that answer; the shrink goes in the one after, once the cache shows it
+        // (the ReplicaSet controller reads the same watch).
+        assert_eq!(order, [("cost", 1), ("shrink", 2)]);
         assert_eq!(cluster.cost(drained).as_deref(), Some("-1"));
         let others_marked = cluster
             .workers
@@ -255,6 +256,66 @@ mod whole {
             .filter(|pod| *pod != drained && cluster.cost(pod).as_deref() == Some("-1"))
             .count();
         assert_eq!(others_marked, 0, "only the drained idle worker goes first");
+    }
+
+    #[tokio::test]
+    async fn a_shrink_the_replicaset_controller_carries_out_late_finds_its_drained_worker_still_draining()
+     {
+        // Issue 50, item 2: the shrink is written, then the ReplicaSet controller does not act
+        // (a controller-manager failover, a backlog) for longer than the drain would last, and a
+        // new leader takes over in that window. The drained worker must drain on, marked to go
+        // first, until its Pod is stopped.
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.reconcile().await;
+        cluster.ready(RESERVED, 2);
+        for _ in 0..3 {
+            cluster.reconcile().await;
+        }
+        let drained = cluster.draining(SHARED);
+        assert_eq!(drained.len(), 1, "{drained:?}");
+        let drained = drained[0].clone();
+        cluster.worker(&drained).busy.store(false, Ordering::SeqCst);
+        let mut shrunk = false;
+        for _ in 0..3 {
+            cluster.reconcile().await;
+            shrunk |= cluster
+                .take_requests()
+                .iter()
+                .any(|r| r.applies(SHARED) == Some(3));
+        }
+        assert!(shrunk, "shared shrinks once its drained worker is idle");
+        let asked =
+            |cluster: &FakeCluster| cluster.worker(&drained).drains_asked.load(Ordering::SeqCst);
+        let before = asked(&cluster);
+        for _ in 0..3 {
+            cluster.reconcile().await;
+        }
+        assert!(asked(&cluster) > before, "the drain is renewed");
+        assert_eq!(cluster.draining(SHARED), std::slice::from_ref(&drained));
+        // A new leader: this process's memory of the pool's rollout is gone.
+        cluster.ctx.remember(PoolKey::of(&cluster.pool), |memory| {
+            memory.steering = crate::controller::plan::Steering::default();
+        });
+        let before = asked(&cluster);
+        for _ in 0..3 {
+            cluster.reconcile().await;
+        }
+        assert_eq!(
+            cluster.draining(SHARED),
+            std::slice::from_ref(&drained),
+            "the new leader did not call the drain off"
+        );
+        assert!(asked(&cluster) > before, "and renews it");
+        assert_eq!(cluster.cost(&drained).as_deref(), Some("-1"));
+        // The ReplicaSet controller acts at last: nothing is left to follow.
+        cluster.stop(&drained);
+        cluster.reconcile().await;
+        cluster.take_requests();
+        let before = cluster.worker_posts();
+        for _ in 0..3 {
+            cluster.reconcile().await;
+        }
+        assert_eq!(cluster.worker_posts(), before, "no worker asked anything");
     }
 
     #[tokio::test]

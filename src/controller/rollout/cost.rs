@@ -2,7 +2,7 @@
 //! job-start gauges, becomes the deletion cost that makes the ReplicaSet controller stop idle
 //! workers first, then those whose jobs should end soonest. Drained workers cost least of all.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// A worker running a job of a lane whose job time is not known (or that names no lane); one
 /// on a lane with a measured mean job time costs 1 + the time its job has left in milliseconds.
@@ -123,21 +123,33 @@ pub fn cost_changes(
         .collect()
 }
 
-/// What a Deployment's workers are doing, read just now.
-pub(in crate::controller) struct Reading {
-    pub(in crate::controller) work: HashMap<String, Work>,
+/// What the pool's workers are doing, read just now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Reading {
+    pub(crate) work: HashMap<String, Work>,
     /// Every lane's mean job time.
-    pub(in crate::controller) job_seconds: BTreeMap<String, f64>,
+    pub(crate) job_seconds: BTreeMap<String, f64>,
     /// Unix seconds when read.
-    pub(in crate::controller) now: f64,
-    /// How many workers answered themselves.
-    pub(in crate::controller) answered: usize,
+    pub(crate) now: f64,
+    /// The workers that answered themselves, by Pod name.
+    pub(crate) heard: HashSet<String>,
+    /// Whether Prometheus said which workers are busy: `None` when it was not asked.
+    pub(crate) scraped: Option<bool>,
 }
 
 impl Reading {
     /// A Pod's cost (see [`cost`]).
-    pub(in crate::controller) fn cost(&self, pod: &str) -> i32 {
+    pub(crate) fn cost(&self, pod: &str) -> i32 {
         cost(self.work.get(pod), &self.job_seconds, self.now)
+    }
+
+    /// Whether it says anything of `live`: one of them answered, or Prometheus did, or there
+    /// is no one to say anything of.
+    pub(crate) fn knows<'a>(&self, live: impl Iterator<Item = &'a str>) -> bool {
+        let mut live = live.peekable();
+        live.peek().is_none()
+            || self.scraped == Some(true)
+            || live.any(|name| self.heard.contains(name))
     }
 }
 

@@ -2,7 +2,7 @@
 //! ReplicaSet controller will delete once they cost least), how long it waits for them, what to
 //! ask each worker, and what their answers mean for the shrink. A drain never holds a shrink past
 //! its timeout; a drain the operator forgets, or calls off, lapses in the worker. The requests
-//! themselves go out from `act/drain.rs`.
+//! themselves are planned in `plan/drains.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -9,7 +9,6 @@
 pub(crate) mod cost;
 pub(crate) mod drain;
 pub(super) mod grace;
-pub(super) mod inherited;
 #[cfg(test)]
 mod properties;
 mod shrink;
@@ -19,6 +18,6 @@ pub(crate) mod surge;
 pub(super) mod takeover;
 
 pub(crate) use shrink::{Shrink, StandIn, lanes_of};
-pub(crate) use step::{
-    Held, Release, Rollout, Rules, Settled, Surge, SurgeWait, WaitsFor, rollout,
-};
+#[cfg(test)]
+pub(crate) use step::Rollout;
+pub(crate) use step::{Held, Release, Rules, SurgeWait, WaitsFor, rollout};

@@ -64,7 +64,7 @@ fn history() -> impl Strategy<Value = (Shrink, Vec<Candidate>, Vec<Round>)> {
         })
 }
 
-/// One reconcile of a drain as `act/drain.rs` runs it: choose when starting, then record what
+/// One reconcile of a drain as `plan/drains.rs` runs it: choose when starting, then record what
 /// the asked workers answered.
 fn round(
     drain: &mut Drain,

@@ -3,7 +3,7 @@
 //! the new workers' lanes until then (`POST /stand-in`), when those are among their own (shared
 //! workers for a growing reserve), so a reserve grows at once rather than a pod start later. A
 //! stand-in never holds anything back, and one the operator forgets lapses in the worker. The
-//! requests go out from `act/stand_in.rs`.
+//! requests are planned in `plan/stand_ins.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

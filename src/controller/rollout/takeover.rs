@@ -6,7 +6,7 @@
 //! gate for each old worker drained and known idle: the rollover is a drain, as a shrink of the
 //! old workers by as many as wait for their gate, and the Deployment controller then stops the
 //! idle ones (cost -1 first). Gates of workers that only grow a Deployment open at once. The
-//! requests go out from `act/takeover.rs`.
+//! gates are planned in `plan/gates.rs`.
 
 use super::drain::Drain;
 use super::shrink::Shrink;

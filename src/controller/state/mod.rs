@@ -1,7 +1,7 @@
 //! What one pool's reconciles remember between runs, without I/O: whether the pool is due for a
 //! measurement, which source says what its Deployments were last given, what to remember after
 //! each stage, and when to come back. The reconcile walks it forward: [`PoolMemory::start`], then
-//! [`PoolMemory::measured`] and [`PoolMemory::decided`] (when due), [`PoolMemory::surging`],
+//! [`PoolMemory::measured`] and [`PoolMemory::decided`] (when due), the rollout's plan (`plan/`),
 //! [`PoolMemory::rolled_out`] and [`PoolMemory::requeue_after`]; it is written back once.
 
 pub(super) mod pools;
@@ -15,9 +15,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::credential::CredentialMemory;
 use super::deployments::{Role, pool_roles, spec_replicas};
-use super::rollout::drain::{self, Drain};
-use super::rollout::stand_in::StandIns;
-use super::rollout::{Release, Rollout, Surge, SurgeWait};
+use super::plan::Steering;
+use super::rollout::Release;
 use super::status::METRICS_AVAILABLE;
 use crate::api::{Lane, LanePool, LanePoolStatus};
 use crate::prometheus::Connection;
@@ -36,8 +35,6 @@ pub(super) struct PoolMemory {
     pub(super) replicas: Option<Replicas>,
     /// What was last applied to the Deployments: the decision, or a step of a surge towards it.
     pub(super) applied: Option<Replicas>,
-    /// A shrink's wait for the growing Deployments to be ready.
-    pub(super) surge_wait: SurgeWait,
     pub(super) failures: u32,
     /// How the pool last reached Prometheus: its client stays cached while the pool lives.
     pub(super) connection: Option<Connection>,
@@ -54,19 +51,12 @@ pub(super) struct PoolMemory {
     /// The Deployments no lane runs any more that still wait to go: looked up by name until they
     /// are removed.
     pub(super) leaving: BTreeSet<String>,
-    /// The drains of shrinking Deployments, by Deployment name.
-    pub(super) drains: BTreeMap<String, Drain>,
-    /// The drains of rollovers (a template change), by Deployment name.
-    pub(super) rollovers: BTreeMap<String, Drain>,
-    /// The stand-ins of shrinks waiting for the surge, by Deployment name.
-    pub(super) stand_ins: BTreeMap<String, StandIns>,
+    /// What the rollout carries: the surge's wait, the drains and the stand-ins.
+    pub(super) steering: Steering,
     /// The workers' finished-job counts read so far.
     pub(super) worker_reads: WorkerReads,
     /// Every lane's mean job time at the last measurement: drains and rankings go by it.
     pub(super) job_seconds: BTreeMap<String, f64>,
-    /// Whether this process has read which workers still drain or stand in for an earlier
-    /// leader (`observe/work.rs`, `rollout/inherited.rs`): once, at its first reconcile of the pool.
-    pub(super) inherited_read: bool,
     /// The workers' credential, as this process knows it.
     pub(super) credential: CredentialMemory,
     /// The pool's workers that last answered `/metrics` without
@@ -180,23 +170,9 @@ impl PoolMemory {
         self.replicas.clone().unwrap_or_default()
     }
 
-    /// Where the surge stands at `now`.
-    pub(super) fn surge(&self, now: Duration) -> Surge {
-        self.surge_wait.surge(now)
-    }
-
-    /// Remembers whether a shrink is waiting (since the first time it was, until it is not) and
-    /// for which Deployments. Returns how long a wait that ends now lasted.
-    pub(super) fn surging(&mut self, rollout: &Rollout, now: Duration) -> Option<Duration> {
-        self.surge_wait.follow(rollout, now)
-    }
-
     /// Remembers what the Deployments were given for the spec's `generation` (every Deployment
-    /// labelled as the pool's was looked at for it), and ends the drains of the shrinks that went.
+    /// labelled as the pool's was looked at for it).
     pub(super) fn rolled_out(&mut self, release: Release, generation: Option<i64>) {
-        for deployment in release.shrinking.iter().chain(&release.remove) {
-            self.drains.remove(deployment);
-        }
         self.leaving = release.staying.into_iter().collect();
         self.applied = Some(release.replicas);
         self.swept = generation;
@@ -205,7 +181,7 @@ impl PoolMemory {
     /// When to reconcile again: when the pool's [`period`] since the last measurement ends; or
     /// sooner when a waiting shrink's timeout ends first (readiness arrives as Deployment events,
     /// the timeout has to be watched for); never sooner than a second, except to follow a drain
-    /// (see [`drain::requeue`]).
+    /// (see `Steering::requeue`).
     pub(super) fn requeue_after(
         &self,
         period: Duration,
@@ -213,15 +189,10 @@ impl PoolMemory {
         now: Duration,
     ) -> Duration {
         let measured_at = self.measured_at.unwrap_or(now);
-        let mut wait = period.saturating_sub(now.saturating_sub(measured_at));
-        if let Some(since) = self.surge_wait.since {
-            wait = wait.min((since + surge_timeout).saturating_sub(now));
-        }
+        let wait = period.saturating_sub(now.saturating_sub(measured_at));
         let wait = wait.max(Duration::from_secs(1));
-        [&self.drains, &self.rollovers]
-            .into_iter()
-            .filter_map(|drains| drain::requeue(drains, now))
-            .fold(wait, Duration::min)
+        let rollout = self.steering.requeue(surge_timeout, now);
+        rollout.map_or(wait, |soon| soon.min(wait))
     }
 }
 
@@ -274,6 +245,8 @@ pub(super) fn recorded_replicas(
 mod tests {
     use super::*;
     use crate::api::LaneStatus;
+    use crate::controller::rollout::Rollout;
+    use crate::controller::rollout::drain::{self, Drain};
     use crate::sizing::{LaneDecision, Recommendation};
     use k8s_openapi::api::apps::v1::DeploymentSpec;
 
@@ -482,31 +455,37 @@ mod tests {
     #[test]
     fn a_waiting_shrink_keeps_the_time_it_started_waiting() {
         let mut memory = after_decision(secs(0));
-        assert_eq!(memory.surge_wait.waited(secs(3)), None);
-        assert_eq!(memory.surging(&waiting(true), secs(3)), None);
-        assert_eq!(memory.surging(&waiting(true), secs(8)), None);
-        assert_eq!(memory.surge_wait.since, Some(secs(3)));
-        assert_eq!(memory.surge_wait.waited(secs(8)), Some(secs(5)));
+        assert_eq!(memory.steering.surge_wait.waited(secs(3)), None);
         assert_eq!(
-            memory.surge(secs(8)).taking_over.len(),
+            memory.steering.surge_wait.follow(&waiting(true), secs(3)),
+            None
+        );
+        assert_eq!(
+            memory.steering.surge_wait.follow(&waiting(true), secs(8)),
+            None
+        );
+        assert_eq!(memory.steering.surge_wait.since, Some(secs(3)));
+        assert_eq!(memory.steering.surge_wait.waited(secs(8)), Some(secs(5)));
+        assert_eq!(
+            memory.steering.surge_wait.surge(secs(8)).taking_over.len(),
             1,
             "what it waits for"
         );
         assert_eq!(
-            memory.surging(&waiting(false), secs(9)),
+            memory.steering.surge_wait.follow(&waiting(false), secs(9)),
             Some(secs(6)),
             "the wait ends"
         );
-        assert_eq!(memory.surge_wait.since, None);
-        assert!(memory.surge_wait.taking_over.is_empty());
+        assert_eq!(memory.steering.surge_wait.since, None);
+        assert!(memory.steering.surge_wait.taking_over.is_empty());
         assert_eq!(
-            memory.surging(&waiting(false), secs(10)),
+            memory.steering.surge_wait.follow(&waiting(false), secs(10)),
             None,
             "and ends once"
         );
-        memory.surging(&waiting(true), secs(12));
+        memory.steering.surge_wait.follow(&waiting(true), secs(12));
         assert_eq!(
-            memory.surge_wait.since,
+            memory.steering.surge_wait.since,
             Some(secs(12)),
             "a new wait starts afresh"
         );
@@ -549,7 +528,7 @@ mod tests {
             secs(1),
             "overdue: soon, but not in a loop"
         );
-        memory.surging(&waiting(true), secs(100));
+        memory.steering.surge_wait.follow(&waiting(true), secs(100));
         let short = secs(3);
         assert_eq!(memory.requeue_after(INTERVAL, short, secs(101)), secs(2));
         assert_eq!(memory.requeue_after(INTERVAL, short, secs(104)), secs(1));
@@ -563,7 +542,7 @@ mod tests {
             asked_at: secs(100),
             idle: false,
         };
-        memory.drains.insert(
+        memory.steering.drains.insert(
             "jobs-shared".into(),
             Drain {
                 timeout: secs(9),
@@ -578,6 +557,7 @@ mod tests {
         );
         // Idle (or out of time): renewed before it lapses, not polled.
         memory
+            .steering
             .drains
             .get_mut("jobs-shared")
             .unwrap()

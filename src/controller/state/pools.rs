@@ -60,7 +60,7 @@ impl PoolStates {
     pub(in crate::controller) fn surging(&self, key: &PoolKey) -> bool {
         self.lock()
             .get(key)
-            .is_some_and(|m| m.surge_wait.since.is_some())
+            .is_some_and(|m| m.steering.surge_wait.since.is_some())
     }
 
     /// Forgets every pool `live` does not name, each shown to `forgotten` first.

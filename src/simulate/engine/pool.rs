@@ -5,10 +5,10 @@
 //! operator's `POST /stand-in` and `POST /drain` as the lane workers do. No clock of its own: the
 //! engine tells it the time and schedules what it returns.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use super::scenario::{Nanos, Preference, seconds};
-use crate::controller::rollout::cost::{DRAINED_COST, Work, cost};
+use crate::controller::rollout::cost::Work;
 use crate::controller::rollout::drain::{Candidate, choose};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,14 +100,11 @@ pub struct Moved {
     pub woken: Vec<usize>,
 }
 
-/// The Pods' deletion costs when a ReplicaSet deletes some: -1 for those `marked` (drained and
-/// idle), the others' as the operator ranks them just before the shrink (idle first, then the
-/// job nearest its end, from the lanes' mean job times `ranked`), or none without ranking.
+/// The Pods' deletion costs when a ReplicaSet deletes some: as the operator annotated them, by
+/// Pod name (0 for a Pod without one).
 #[derive(Clone, Copy, Debug)]
 pub struct Costs<'a> {
-    pub ranked: Option<&'a BTreeMap<String, f64>>,
-    pub marked: &'a BTreeSet<String>,
-    pub now: Nanos,
+    pub annotated: &'a BTreeMap<String, i32>,
 }
 
 #[derive(Debug, Default)]
@@ -195,30 +192,6 @@ impl Pool {
         }
     }
 
-    /// `deployment`'s workers as a drain or the stand-ins choose among them: ready or not, and
-    /// their idle-first cost at `now` from the lanes' `job_seconds`, as the operator reads them;
-    /// `chosen` names those already chosen.
-    pub fn candidates(
-        &self,
-        deployment: Deployment,
-        job_seconds: &BTreeMap<String, f64>,
-        now: Nanos,
-        chosen: impl Fn(&str) -> bool,
-    ) -> Vec<Candidate> {
-        self.pods(deployment)
-            .into_iter()
-            .map(|id| {
-                let name = name(id);
-                Candidate {
-                    ready: self.workers[id].state != State::Starting,
-                    cost: cost(Some(&self.work(id)), job_seconds, seconds(now)),
-                    draining: chosen(&name),
-                    name,
-                }
-            })
-            .collect()
-    }
-
     /// Sets `deployment` to `count` Pods: new ones start (`role` their lanes); or its ReplicaSet
     /// deletes the surplus in its own order (not ready first, then the lowest deletion cost as
     /// `costs` has them, the newest first among equals).
@@ -228,11 +201,6 @@ impl Pool {
         costs: &Costs<'_>,
         moved: &mut Moved,
     ) {
-        let Costs {
-            ranked,
-            marked,
-            now,
-        } = *costs;
         let pods = self.pods(deployment);
         if count > pods.len() {
             for _ in pods.len()..count {
@@ -246,13 +214,7 @@ impl Pool {
             .into_iter()
             .map(|id| {
                 let name = name(id);
-                let cost = match (marked.contains(&name), ranked) {
-                    (true, _) => DRAINED_COST,
-                    (false, Some(job_seconds)) => {
-                        cost(Some(&self.work(id)), job_seconds, seconds(now))
-                    }
-                    (false, None) => 0,
-                };
+                let cost = costs.annotated.get(&name).copied().unwrap_or(0);
                 Candidate {
                     ready: self.workers[id].state != State::Starting,
                     cost,
@@ -393,6 +355,7 @@ pub fn id(name: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::rollout::cost::{DRAINED_COST, cost};
 
     fn pool(reserved: usize, shared: usize) -> Pool {
         let mut pool = Pool::default();
@@ -430,13 +393,18 @@ mod tests {
         busy(&mut pool, 0, 0);
         busy(&mut pool, 1, 2_000_000_000);
         busy(&mut pool, 4, 0);
-        let marked = BTreeSet::from([name(4)]);
         let mut moved = Moved::default();
+        // As the operator ranks them at 2.5 s: the marked one, then by the time left.
         let job_seconds = job_seconds();
+        let mut annotated: BTreeMap<String, i32> = (0..5)
+            .map(|id| {
+                let cost = cost(Some(&pool.work(id)), &job_seconds, seconds(2_500_000_000));
+                (name(id), cost)
+            })
+            .collect();
+        annotated.insert(name(4), DRAINED_COST);
         let costs = Costs {
-            ranked: Some(&job_seconds),
-            marked: &marked,
-            now: 2_500_000_000,
+            annotated: &annotated,
         };
         let shared = |count| (Deployment::Shared, Preference::UrgentFirst, count);
         pool.scale(shared(3), &costs, &mut moved);
@@ -455,12 +423,8 @@ mod tests {
     fn a_growing_deployment_starts_workers_in_its_role() {
         let mut pool = pool(1, 2);
         let mut moved = Moved::default();
-        let none = BTreeSet::new();
-        let costs = Costs {
-            ranked: None,
-            marked: &none,
-            now: 0,
-        };
+        let none = BTreeMap::new();
+        let costs = Costs { annotated: &none };
         let urgent = Preference::UrgentOnly;
         pool.scale((Deployment::Reserved, urgent, 3), &costs, &mut moved);
         assert_eq!(moved.starting, vec![3, 4]);

@@ -1,53 +1,53 @@
-//! The operator's rollout in the simulation: one reconcile's pure steps, called in the order
-//! `controller/reconcile.rs` calls them (`rollout::rollout`, then the stand-ins of the shrinks
-//! that wait for the surge (`StandIns`), the drains of those the surge lets go (`Drain`, its
-//! timeout, its deletion-cost marks seen a round later), and `Rollout::settle`), on the
-//! simulated pool's two Deployments. Where the operator asks a worker, the simulated worker
-//! answers as the lane workers do (it stands in, it drains and says whether it is busy); where
-//! it applies counts, a Deployment starts workers or its ReplicaSet deletes the cheapest.
+//! The operator's rollout in the simulation: each reconcile observes the simulated pool as the
+//! operator's watch caches and worker reads would (its two Deployments, its Pods with their
+//! deletion costs, what each worker is doing), runs the operator's own plan
+//! (`controller::plan::plan`) and applies its effects: the growth, the requests to workers (the
+//! simulated worker answers as the lane workers do: it stands in, drains and says whether it is
+//! busy), the deletion costs, the counts (a Deployment starts workers, or its ReplicaSet deletes
+//! the Pods that cost least); the answers go back through `plan::record`. No step order, drain or
+//! requeue logic of its own.
 //!
-//! What the operator's reconcile does that this does not: Kubernetes' own delays (a watch event
-//! or a write takes no time here), an earlier leader's workers, rollovers of a new template,
-//! workers that do not answer, and the lapse of a stand-in in the worker (the operator always
-//! ends it here); a drain the operator no longer asks for lapses at the next reconcile rather
-//! than to the second.
+//! What the operator's reconcile has that this does not: Kubernetes' own delays (a watch event or
+//! a write takes no time here), an earlier leader's workers, rollovers of a new template, and
+//! workers that do not answer; a drain the operator no longer asks for lapses at the next
+//! reconcile rather than to the second.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment as KubeDeployment, DeploymentSpec, DeploymentStatus};
 use kube::api::ObjectMeta;
 
 use super::autoscale::{BATCH_LANE, LANE};
-use super::pool::{Costs, Deployment, Moved, Pool, id, name as pod_name};
-use super::scenario::{Nanos, Preference, nanos};
+use super::pool::{Costs, Deployment, Moved, Pool, State, id, name as pod_name};
+use super::scenario::{Nanos, Preference, nanos, seconds};
 use crate::api::{LanePool, LanePoolSpec};
-use crate::controller::rollout::drain::{self, DEFAULT_DRAIN_TIMEOUT, Drain, DrainAnswer};
-use crate::controller::rollout::stand_in::{self, StandIns};
-use crate::controller::rollout::{Rollout, Rules, SurgeWait, rollout};
+use crate::controller::cached_pod::CachedPod;
+use crate::controller::plan::{self, Answer, Ask, Request, Seen, StandInAnswer, Steering};
+use crate::controller::rollout::Rules;
+use crate::controller::rollout::cost::{IDLE_COST, Reading};
+use crate::controller::rollout::drain::{DEFAULT_DRAIN_TIMEOUT, DrainAnswer};
+use crate::controller::worker::Worker;
 use crate::controller::{DEFAULT_SURGE_TIMEOUT, Role, deployment_name};
 use crate::sizing::Replicas;
 
-/// The operator of one simulated pool: what it decided, what it applied, and what it carries
-/// between reconciles (the surge's wait, the stand-ins, the drains and the costs it marked).
+/// The operator of one simulated pool: what it decided, what it applied, and what its rollout
+/// carries between reconciles.
 #[derive(Debug)]
 pub struct Operator {
     pool: LanePool,
-    rules: Rules,
-    /// Whether shared workers stand in for new reserved ones (`--stand-ins`).
-    stand_ins_on: bool,
+    settings: plan::Settings,
     /// The lanes the shared Deployment's workers take.
     shared_role: Preference,
     /// Every lane's mean job time, as the operator measures it: a drain's timeout, the ranking.
     job_seconds: BTreeMap<String, f64>,
     decided: Replicas,
     applied: Replicas,
-    surge: SurgeWait,
-    stand_ins: BTreeMap<String, StandIns>,
-    drains: BTreeMap<String, Drain>,
-    /// The Pods whose deletion cost the operator set to -1 (drained and idle), as its Pod cache
-    /// shows them at the next reconcile.
-    marked: BTreeSet<String>,
+    steering: Steering,
+    /// The Pods' deletion costs as the operator wrote them: its Pod cache shows them at the next
+    /// reconcile, and the ReplicaSet controller deletes by them.
+    costs: BTreeMap<String, i32>,
 }
 
 impl Operator {
@@ -68,20 +68,25 @@ impl Operator {
         Self {
             pool: LanePool::new("sim", spec),
             // The operator's defaults: idle workers first, drained within the default timeout.
-            rules: Rules {
-                surge_timeout: DEFAULT_SURGE_TIMEOUT,
-                rank: true,
-                drain: !DEFAULT_DRAIN_TIMEOUT.is_zero(),
+            settings: plan::Settings {
+                rules: Rules {
+                    surge_timeout: DEFAULT_SURGE_TIMEOUT,
+                    rank: true,
+                    drain: !DEFAULT_DRAIN_TIMEOUT.is_zero(),
+                },
+                drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+                stand_ins: stand_ins_on,
             },
-            stand_ins_on,
             shared_role,
             job_seconds,
             decided: counts.clone(),
             applied: counts,
-            surge: SurgeWait::default(),
-            stand_ins: BTreeMap::new(),
-            drains: BTreeMap::new(),
-            marked: BTreeSet::new(),
+            steering: Steering {
+                // No earlier leader left anything in the simulated workers.
+                inherited_read: true,
+                ..Steering::default()
+            },
+            costs: BTreeMap::new(),
         }
     }
 
@@ -90,47 +95,47 @@ impl Operator {
         self.decided = replicas(reserve, shared);
     }
 
-    /// One reconcile at `at`: what started or woke, and when to come back (a drain's poll).
+    /// One reconcile at `at`: observe, plan, act. Returns what started or woke, and when to come
+    /// back.
     pub fn reconcile(&mut self, pool: &mut Pool, at: Nanos) -> (Moved, Option<Nanos>) {
         let now = Duration::from_nanos(at);
-        let live = self.live(pool);
-        let rollout = rollout(
-            &self.pool,
-            &live,
-            &self.decided,
-            Some(&self.applied),
-            &self.surge.surge(now),
-            self.rules,
-        );
-        self.surge.follow(&rollout, now);
-        let surge_ends = self.surge.ends(self.rules.surge_timeout, now);
         let mut moved = Moved::default();
         // Drains the operator no longer asks for lapse in the workers (seen here, at a reconcile).
         pool.lapse(at, &mut moved);
-        // The growth, alone, before any shrinking Deployment's worker is asked anything.
-        if let Some(growth) = &rollout.growth {
-            self.apply(pool, growth, at, &mut moved);
+        // Observe.
+        let live = self.live(pool);
+        let workers = self.workers(pool);
+        let reading = self.reading(pool, at);
+        let seen = Seen {
+            pool: &self.pool,
+            live: &live,
+            workers: &workers,
+            work: Some(&reading),
+            inherited: None,
+            target: &self.decided,
+            applied: Some(&self.applied),
+            now,
+        };
+        // Plan.
+        let effects = plan::plan(&seen, &mut self.steering, self.settings);
+        // Act: the growth alone; the costs and the requests (their answers recorded); the counts.
+        if let Some(growth) = &effects.growth {
+            self.apply(pool, growth, &mut moved);
         }
-        let stood_in = self.stand_in(pool, &rollout, at, &mut moved);
-        let floors = self.drain(pool, &rollout, &stood_in, at, &mut moved);
-        // Stand-ins whose shrink went or was called off and that no drain took go back.
-        for (deployment, names) in stood_in {
-            let drained = self.drains.get(&deployment);
-            for worker in names
-                .iter()
-                .filter(|n| drained.is_none_or(|d| !d.pods.contains_key(*n)))
-            {
-                let role = self.role(of(&self.pool, &deployment));
-                pool.serve(id(worker), role, &mut moved);
-            }
+        for (pod, cost) in &effects.costs {
+            match *cost == IDLE_COST {
+                true => self.costs.remove(pod),
+                false => self.costs.insert(pod.clone(), *cost),
+            };
         }
-        let settled = rollout.settle(&self.pool, &live, &floors, &self.drains, (surge_ends, now));
-        let release = settled.release;
-        self.apply(pool, &release.replicas, at, &mut moved);
-        for deployment in &release.shrinking {
-            self.drains.remove(deployment);
-        }
-        self.applied = release.replicas;
+        let answers = effects
+            .asks
+            .iter()
+            .map(|ask| (ask.clone(), self.ask(pool, ask, at, &mut moved)))
+            .collect();
+        plan::record(&mut self.steering, answers);
+        self.apply(pool, &effects.release.replicas, &mut moved);
+        self.applied = effects.release.replicas;
         // A Deployment runs as many Pods as it was given: the budget holds (no worker lost, none
         // left over).
         for deployment in [Deployment::Reserved, Deployment::Shared] {
@@ -141,18 +146,9 @@ impl Operator {
                 "{deployment:?}"
             );
         }
-        // Back for a drain's poll, or when a waiting shrink's surge times out (readiness comes
-        // as the Deployment's watch event; the timeout has to be watched for).
-        let surge_timeout = self
-            .surge
-            .since
-            .map(|_| surge_ends.saturating_sub(now).max(Duration::from_secs(1)));
-        let again = [drain::requeue(&self.drains, now), surge_timeout]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|after| at + nanos(after));
-        (moved, again)
+        let surge_timeout = self.settings.rules.surge_timeout;
+        let again = self.steering.requeue(surge_timeout, now);
+        (moved, again.map(|after| at + nanos(after)))
     }
 
     /// The two Deployments as the operator's watch cache has them: the counts it applied, the
@@ -183,132 +179,76 @@ impl Operator {
             .collect()
     }
 
-    /// The stand-ins of the shrinks waiting for the surge (`act/stand_in.rs`): chosen as the
-    /// drain will choose, asked, and every one answers it stands in. Returns those of the
-    /// shrinks that no longer wait, by Deployment.
-    fn stand_in(
-        &mut self,
-        pool: &mut Pool,
-        rollout: &Rollout,
-        at: Nanos,
-        moved: &mut Moved,
-    ) -> BTreeMap<String, BTreeSet<String>> {
-        let waiting = match self.stand_ins_on {
-            true => rollout.stand_ins.as_slice(),
-            false => &[],
-        };
-        let ended = stand_in::ended(&mut self.stand_ins, waiting)
+    /// The pool's workers as the operator's Pod cache has them: ready once started, each with
+    /// the deletion cost the operator last wrote.
+    fn workers(&self, pool: &Pool) -> Vec<Worker> {
+        [Deployment::Reserved, Deployment::Shared]
             .into_iter()
-            .map(|(deployment, s)| (deployment, s.pods))
-            .collect();
-        for wanted in waiting {
-            let deployment = of(&self.pool, &wanted.shrink.deployment);
-            let (own, serves) = (self.role(deployment), self.serving(&wanted.serves));
-            let names: Vec<String> = pool.pods(deployment).into_iter().map(pod_name).collect();
-            let set = self
-                .stand_ins
-                .entry(wanted.shrink.deployment.clone())
-                .or_default();
-            set.keep_live(names.iter().map(String::as_str));
-            if !set.starting(wanted) {
-                continue;
-            }
-            let candidates = pool.candidates(deployment, &self.job_seconds, at, |_| false);
-            let (asked, called_back) = set.start(wanted, &candidates);
-            for worker in &called_back {
-                pool.serve(id(worker), own, moved);
-            }
-            for worker in &asked {
-                pool.serve(id(worker), serves, moved);
-            }
-            set.answered(asked.into_iter().map(|w| (w, true)).collect());
-        }
-        ended
+            .flat_map(|d| pool.pods(d).into_iter().map(move |id| (d, id)))
+            .map(|(d, id)| {
+                let name = pod_name(id);
+                let pod = CachedPod {
+                    ready: pool.workers[id].state != State::Starting,
+                    address: Some(format!("{name}:9100")),
+                    deletion_cost: self.costs.get(&name).map(i32::to_string),
+                    containers_ready: true,
+                    name,
+                    ..CachedPod::default()
+                };
+                Worker::new(&Arc::new(pod), self.name(d))
+            })
+            .collect()
     }
 
-    /// The drains of the shrinks the surge lets go (`act/drain.rs`): those called off end; each
-    /// shrink's workers are chosen (those that stood in first), asked to drain, and answer
-    /// whether they are busy; the idle ones are marked to go first, and the shrink waits a round
-    /// for the marks. Returns the fewest workers each shrinking Deployment may run now.
-    fn drain(
-        &mut self,
-        pool: &mut Pool,
-        rollout: &Rollout,
-        stood_in: &BTreeMap<String, BTreeSet<String>>,
-        at: Nanos,
-        moved: &mut Moved,
-    ) -> BTreeMap<String, i32> {
-        let now = Duration::from_nanos(at);
-        for (_, called_off) in drain::called_off(&mut self.drains, &rollout.shrinks) {
-            for worker in called_off.pods.keys() {
-                self.marked.remove(worker);
-                pool.drain(id(worker), 0, at, moved);
-            }
+    /// What every worker is doing, as its own gauges say (every one answers).
+    fn reading(&self, pool: &Pool, at: Nanos) -> Reading {
+        let ids = [Deployment::Reserved, Deployment::Shared]
+            .into_iter()
+            .flat_map(|d| pool.pods(d));
+        let work: std::collections::HashMap<String, _> =
+            ids.map(|id| (pod_name(id), pool.work(id))).collect();
+        Reading {
+            heard: work.keys().cloned().collect(),
+            work,
+            job_seconds: self.job_seconds.clone(),
+            now: seconds(at),
+            scraped: None,
         }
-        let mut floors = BTreeMap::new();
-        for shrink in &rollout.shrinks {
-            let deployment = of(&self.pool, &shrink.deployment);
-            let names: Vec<String> = pool.pods(deployment).into_iter().map(pod_name).collect();
-            let drain = self.drains.entry(shrink.deployment.clone()).or_default();
-            drain.keep_live(names.iter().map(String::as_str));
-            let mut called_back = Vec::new();
-            if drain.starting(shrink) {
-                let stood_in = stood_in.get(&shrink.deployment);
-                let chosen =
-                    |n: &str| drain.pods.contains_key(n) || stood_in.is_some_and(|s| s.contains(n));
-                let candidates = pool.candidates(deployment, &self.job_seconds, at, chosen);
-                let served: Vec<f64> = shrink
-                    .lanes
-                    .iter()
-                    .map(|lane| self.job_seconds.get(lane).copied().unwrap_or(f64::NAN))
-                    .collect();
-                called_back = drain.start(shrink, &candidates, &served, DEFAULT_DRAIN_TIMEOUT, now);
-            }
-            let answers = drain
-                .requests(names.iter().map(String::as_str), &called_back, now)
-                .into_iter()
-                .map(|(worker, seconds)| {
-                    let w = id(worker);
-                    pool.drain(w, seconds, at, moved);
-                    let busy = pool.busy(w);
-                    (worker.to_string(), DrainAnswer::Draining { busy })
+    }
+
+    /// Sends `ask` to its simulated worker, which answers as the lane workers do.
+    fn ask(&self, pool: &mut Pool, ask: &Ask, at: Nanos, moved: &mut Moved) -> Answer {
+        let worker = id(&ask.pod);
+        match &ask.request {
+            Request::Drain(seconds) => {
+                pool.drain(worker, *seconds, at, moved);
+                Answer::Drain(DrainAnswer::Draining {
+                    busy: pool.busy(worker),
                 })
-                .collect();
-            drain.answered(answers);
-            let floor = drain.floor(shrink, now);
-            let idle = drain.idle();
-            let unseen = floor < shrink.live
-                && names
-                    .iter()
-                    .any(|n| idle.contains(n) != self.marked.contains(n));
-            drain.costs_unseen = unseen;
-            let floor = match unseen {
-                // The marks are written now and seen at the next reconcile (`DRAIN_POLL`).
-                true => {
-                    self.marked.retain(|n| !names.contains(n));
-                    self.marked.extend(idle);
-                    shrink.live
-                }
-                false => floor,
-            };
-            floors.insert(shrink.deployment.clone(), floor);
+            }
+            Request::StandIn { lanes, .. } => {
+                pool.serve(worker, self.serving(lanes), moved);
+                Answer::StandIn(StandInAnswer::StandingIn)
+            }
+            Request::OwnLanes => {
+                let own = self.role(pool.workers[worker].deployment);
+                pool.serve(worker, own, moved);
+                Answer::StandIn(StandInAnswer::StandingIn)
+            }
         }
-        floors
     }
 
-    /// Applies `replicas`: a Deployment grows, or its ReplicaSet deletes the cheapest Pods,
-    /// ranked by the operator just before (the drained idle ones marked -1).
-    fn apply(&mut self, pool: &mut Pool, replicas: &Replicas, at: Nanos, moved: &mut Moved) {
+    /// Applies `replicas`: a Deployment grows, or its ReplicaSet deletes the Pods that cost
+    /// least, as the operator annotated them.
+    fn apply(&mut self, pool: &mut Pool, replicas: &Replicas, moved: &mut Moved) {
         for deployment in [Deployment::Reserved, Deployment::Shared] {
             let count = usize::try_from(self.count(replicas, deployment)).unwrap_or(0);
             let costs = Costs {
-                ranked: self.rules.rank.then_some(&self.job_seconds),
-                marked: &self.marked,
-                now: at,
+                annotated: &self.costs,
             };
             pool.scale((deployment, self.role(deployment), count), &costs, moved);
         }
-        self.marked.retain(|n| pool.workers[id(n)].counted());
+        self.costs.retain(|n, _| pool.workers[id(n)].counted());
     }
 
     fn name(&self, deployment: Deployment) -> String {
@@ -350,13 +290,5 @@ fn replicas(reserve: i32, shared: i32) -> Replicas {
     Replicas {
         reserved: BTreeMap::from([(LANE.to_string(), reserve)]),
         shared,
-    }
-}
-
-/// The simulated Deployment a Deployment name is.
-fn of(pool: &LanePool, name: &str) -> Deployment {
-    match name == deployment_name(&kube::ResourceExt::name_any(pool), &Role::Shared) {
-        true => Deployment::Shared,
-        false => Deployment::Reserved,
     }
 }

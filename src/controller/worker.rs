@@ -8,17 +8,17 @@ use crate::controller::cached_pod::CachedPod;
 /// One of the pool's workers: its cached Pod (shared with the cache, not copied) and the
 /// Deployment it is a worker of; it reads as its [`CachedPod`].
 #[derive(Clone, Debug, PartialEq)]
-pub(in crate::controller) struct Worker {
+pub(crate) struct Worker {
     pod: Arc<CachedPod>,
     /// The pool's Deployment whose ReplicaSet controls it.
-    pub(in crate::controller) deployment: String,
+    pub(crate) deployment: String,
     /// Its ReplicaSet is its Deployment's newest (the current template's): false for a worker
     /// of an older template, which a template change replaces.
-    pub(in crate::controller) newest: bool,
+    pub(crate) newest: bool,
 }
 
 impl Worker {
-    pub(in crate::controller) fn new(pod: &Arc<CachedPod>, deployment: String) -> Self {
+    pub(crate) fn new(pod: &Arc<CachedPod>, deployment: String) -> Self {
         Self {
             pod: pod.clone(),
             deployment,

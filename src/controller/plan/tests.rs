@@ -1,0 +1,388 @@
+//! The plan on plain values: each of the ways a scale-down could stop a busy worker is one call.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
+use kube::api::ObjectMeta;
+
+use super::*;
+use crate::api::LanePool;
+use crate::controller::cached_pod::CachedPod;
+use crate::controller::rollout::Rules;
+use crate::controller::rollout::cost::{DRAINED_COST, IDLE_COST, Reading, Work};
+use crate::controller::rollout::drain::{self, Drain, DrainAnswer, Drained};
+use crate::controller::worker::Worker;
+use crate::sizing::Replicas;
+use std::collections::BTreeSet;
+
+const SHARED: &str = "jobs-shared";
+const RESERVED: &str = "jobs-urgent-reserved";
+const NOW: Duration = Duration::from_secs(1000);
+
+fn pool() -> LanePool {
+    serde_yaml::from_str(include_str!("../../../examples/lanepool.yaml")).unwrap()
+}
+
+fn settings() -> Settings {
+    Settings {
+        rules: Rules {
+            surge_timeout: Duration::from_secs(120),
+            rank: true,
+            drain: true,
+        },
+        drain_timeout: Duration::from_secs(120),
+        stand_ins: true,
+    }
+}
+
+fn deployment(name: &str, replicas: i32) -> (String, Deployment) {
+    let deployment = Deployment {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            ..DeploymentSpec::default()
+        }),
+        status: Some(DeploymentStatus {
+            ready_replicas: Some(replicas),
+            ..DeploymentStatus::default()
+        }),
+    };
+    (name.to_string(), deployment)
+}
+
+/// A ready worker of `deployment`'s newest template, with the deletion cost the cache shows.
+fn worker(name: &str, deployment: &str, cost: Option<i32>) -> Worker {
+    let pod = CachedPod {
+        name: name.into(),
+        ready: true,
+        address: Some(format!("{name}:9100")),
+        deletion_cost: cost.map(|c| c.to_string()),
+        containers_ready: true,
+        ..CachedPod::default()
+    };
+    Worker::new(&Arc::new(pod), deployment.into())
+}
+
+/// Every worker answered; `busy` run a batch job.
+fn reading(workers: &[Worker], busy: &[&str]) -> Reading {
+    let work: HashMap<String, Work> = workers
+        .iter()
+        .map(|w| {
+            let work = match busy.contains(&w.name.as_str()) {
+                true => Work::Busy {
+                    lane: Some("batch".into()),
+                    started: None,
+                },
+                false => Work::Idle,
+            };
+            (w.name.clone(), work)
+        })
+        .collect();
+    Reading {
+        heard: work.keys().cloned().collect::<HashSet<_>>(),
+        work,
+        job_seconds: BTreeMap::from([("urgent".into(), 0.02), ("batch".into(), 3.0)]),
+        now: 1_800_000_000.0,
+        scraped: None,
+    }
+}
+
+fn replicas(reserved: i32, shared: i32) -> Replicas {
+    Replicas {
+        reserved: BTreeMap::from([("urgent".to_string(), reserved)]),
+        shared,
+    }
+}
+
+/// One plan of the pool running `live` shared workers (and 2 reserved), decided to run `to`.
+fn plan_shrink(
+    workers: &[Worker],
+    busy: &[&str],
+    (live, to): (i32, i32),
+    steering: &mut Steering,
+) -> Effects {
+    let pool = pool();
+    let deployments = BTreeMap::from([deployment(SHARED, live), deployment(RESERVED, 2)]);
+    let work = reading(workers, busy);
+    let (target, applied) = (replicas(2, to), replicas(2, live));
+    let seen = Seen {
+        pool: &pool,
+        live: &deployments,
+        workers,
+        work: Some(&work),
+        inherited: None,
+        target: &target,
+        applied: Some(&applied),
+        now: NOW,
+    };
+    plan(&seen, steering, settings())
+}
+
+fn shared_workers(n: usize) -> Vec<Worker> {
+    (0..n)
+        .map(|i| worker(&format!("{SHARED}-{i}"), SHARED, None))
+        .collect()
+}
+
+/// A drain of `SHARED` to 3 that chose `pods` at `NOW`, each idle or not.
+fn drain_of(pods: &[(&str, bool)]) -> Drain {
+    Drain {
+        started: true,
+        to: 3,
+        timeout: Duration::from_secs(9),
+        pods: pods
+            .iter()
+            .map(|(name, idle)| {
+                let drained = Drained {
+                    asked_at: NOW,
+                    idle: *idle,
+                };
+                (name.to_string(), drained)
+            })
+            .collect(),
+        ..Drain::default()
+    }
+}
+
+fn drains_sent(effects: &Effects) -> Vec<(String, u64)> {
+    effects
+        .asks
+        .iter()
+        .filter_map(|ask| match ask.request {
+            Request::Drain(seconds) => Some((ask.pod.clone(), seconds)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_drain_answered_idle_shows_its_cost_then_shrinks_then_is_renewed_until_its_pod_is_stopped() {
+    let mut steering = Steering::default();
+    let mut workers = shared_workers(4);
+    let victim = format!("{SHARED}-0");
+    // The shrink 4 → 3 starts its drain: the idle worker is chosen and asked; nothing shrinks.
+    let busy = ["jobs-shared-1", "jobs-shared-2", "jobs-shared-3"];
+    let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 4);
+    assert_eq!(drains_sent(&effects).len(), 1);
+    assert_eq!(drains_sent(&effects)[0].0, victim);
+    assert_eq!(effects.events.len(), 1, "{:?}", effects.events);
+    // Its answer (idle) is recorded for the next reconcile.
+    let answer = Answer::Drain(DrainAnswer::Draining { busy: false });
+    let answers = effects.asks.iter().map(|a| (a.clone(), answer)).collect();
+    record(&mut steering, answers);
+    // The next marks it -1, still holding; the one after, with the mark in the cache, shrinks.
+    let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 4);
+    let marked: Vec<&String> = effects
+        .costs
+        .iter()
+        .filter(|(_, cost)| *cost == DRAINED_COST)
+        .map(|(pod, _)| pod)
+        .collect();
+    assert_eq!(marked, [&victim], "{:?}", effects.costs);
+    workers[0] = worker(&victim, SHARED, Some(DRAINED_COST));
+    let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 3);
+    assert_eq!(effects.stopped_busy, Some(0));
+    // Issue 50, item 2: the shrink is written, and the ReplicaSet controller has not acted (a
+    // controller-manager failover, a backlog). The drained worker is asked to drain on: were its
+    // drain to lapse, it would take a job while marked to go first.
+    assert!(steering.drains.is_empty());
+    assert!(steering.shrunk[SHARED].pods.contains_key(&victim));
+    for _ in 0..3 {
+        let effects = plan_shrink(&workers, &busy, (3, 3), &mut steering);
+        assert_eq!(effects.release.replicas.shared, 3);
+        let sent = drains_sent(&effects);
+        assert!(
+            sent.len() == 1 && sent[0].0 == victim && sent[0].1 > 0,
+            "{sent:?}"
+        );
+        assert!(
+            effects.costs.is_empty(),
+            "its mark stays: {:?}",
+            effects.costs
+        );
+    }
+    assert_eq!(
+        steering.requeue(Duration::from_secs(120), NOW),
+        Some(drain::DRAIN_RENEW)
+    );
+    // Stopped at last: nothing left to follow.
+    let effects = plan_shrink(&workers[1..], &busy, (3, 3), &mut steering);
+    assert!(drains_sent(&effects).is_empty());
+    assert!(steering.shrunk.is_empty());
+}
+
+#[test]
+fn a_drained_worker_the_replicaset_did_not_stop_is_called_back_and_loses_its_mark() {
+    let victim = format!("{SHARED}-0");
+    let mut steering = Steering {
+        shrunk: BTreeMap::from([(SHARED.to_string(), drain_of(&[(&victim, true)]))]),
+        ..Steering::default()
+    };
+    let mut workers = shared_workers(4);
+    workers[0] = worker(&victim, SHARED, Some(DRAINED_COST));
+    // Another Pod went (deleted by hand): the Deployment runs what it is given, the drained one
+    // is still there.
+    workers.remove(3);
+    let effects = plan_shrink(&workers, &[], (3, 3), &mut steering);
+    assert_eq!(drains_sent(&effects), [(victim.clone(), 0)]);
+    assert_eq!(effects.costs, [(victim, IDLE_COST)]);
+    assert!(steering.shrunk.is_empty());
+}
+
+#[test]
+fn a_shrink_waits_for_the_deployments_rollover_and_never_drains_across_two_templates() {
+    // Issue 50, item 3: shared runs workers of two templates; the Deployment controller would
+    // take a shrink from both ReplicaSets in proportion, not from the drained workers.
+    let mut workers = shared_workers(4);
+    for old in &mut workers[..2] {
+        old.newest = false;
+    }
+    let mut steering = Steering {
+        drains: BTreeMap::from([(SHARED.to_string(), drain_of(&[("jobs-shared-0", true)]))]),
+        ..Steering::default()
+    };
+    let effects = plan_shrink(&workers, &[], (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 4, "held for the rollover");
+    assert!(steering.drains.is_empty(), "the drain is called off");
+    assert_eq!(drains_sent(&effects), [("jobs-shared-0".to_string(), 0)]);
+    // Once every worker runs the new template, the shrink drains as any other.
+    let mut steering = Steering::default();
+    let effects = plan_shrink(&shared_workers(4), &[], (4, 3), &mut steering);
+    assert_eq!(drains_sent(&effects).len(), 1);
+}
+
+#[test]
+fn a_rollovers_gate_opens_only_once_the_cache_shows_the_idle_old_workers_mark() {
+    // Issue 50, item 4: an old worker drained and idle, its -1 not yet in the Pod cache (the
+    // patch failed, or has not come back): opening a gate now would let the old ReplicaSet
+    // stop whichever Pod its default order picks.
+    let old = "jobs-shared-0";
+    let mut workers = shared_workers(3);
+    workers[0].newest = false;
+    workers[1].newest = false;
+    let new = CachedPod {
+        name: "jobs-shared-new".into(),
+        address: Some("new:9100".into()),
+        awaiting_takeover: true,
+        containers_ready: true,
+        ..CachedPod::default()
+    };
+    workers.push(Worker::new(&Arc::new(new), SHARED.into()));
+    let mut rollover = drain_of(&[(old, true)]);
+    rollover.rollover = true;
+    rollover.to = 1;
+    let mut steering = Steering {
+        rollovers: BTreeMap::from([(SHARED.to_string(), rollover)]),
+        ..Steering::default()
+    };
+    let effects = plan_shrink(&workers, &[], (3, 3), &mut steering);
+    assert!(effects.gates.is_empty(), "{:?}", effects.gates);
+    assert_eq!(effects.costs, [(old.to_string(), DRAINED_COST)]);
+    // With the mark in the cache, the gate opens.
+    workers[0] = worker(old, SHARED, Some(DRAINED_COST));
+    workers[0].newest = false;
+    let effects = plan_shrink(&workers, &[], (3, 3), &mut steering);
+    assert_eq!(
+        effects.gates,
+        [("jobs-shared-new".to_string(), "OlderWorkerDrained")]
+    );
+}
+
+#[test]
+fn a_busy_worker_that_fails_its_readiness_probe_holds_the_shrink_and_is_drained() {
+    // Issue 50, item 7: the ReplicaSet controller deletes a Pod that is not ready before it
+    // looks at deletion costs: a busy worker whose probe fails now would go in place of the
+    // drained idle one.
+    let victim = "jobs-shared-0";
+    let mut workers = shared_workers(4);
+    workers[0] = worker(victim, SHARED, Some(DRAINED_COST));
+    let flapping = CachedPod {
+        ready: false,
+        ..(*workers[2]).clone()
+    };
+    workers[2] = Worker::new(&Arc::new(flapping), SHARED.into());
+    let mut steering = Steering {
+        drains: BTreeMap::from([(SHARED.to_string(), drain_of(&[(victim, true)]))]),
+        ..Steering::default()
+    };
+    let effects = plan_shrink(&workers, &["jobs-shared-2"], (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 4, "held");
+    assert!(
+        steering.drains[SHARED].rechoose,
+        "chosen again: it goes first"
+    );
+    // The next reconcile drains it (a Pod not ready is chosen first).
+    let effects = plan_shrink(&workers, &["jobs-shared-2"], (4, 3), &mut steering);
+    assert!(steering.drains[SHARED].pods.contains_key("jobs-shared-2"));
+    assert_eq!(effects.release.replicas.shared, 4);
+    // Not ready and idle: the shrink goes (nothing of it is busy).
+    let mut steering = Steering {
+        drains: BTreeMap::from([(SHARED.to_string(), drain_of(&[(victim, true)]))]),
+        ..Steering::default()
+    };
+    let effects = plan_shrink(&workers, &[], (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 3);
+}
+
+#[test]
+fn a_pool_at_rest_has_no_deployment_in_motion() {
+    let pool = pool();
+    let live = BTreeMap::from([deployment(SHARED, 8), deployment(RESERVED, 2)]);
+    let workers = shared_workers(8);
+    let steering = Steering::default();
+    assert!(in_motion(&pool, &live, &workers, &replicas(2, 8), &steering).is_empty());
+    assert_eq!(
+        in_motion(&pool, &live, &workers, &replicas(3, 7), &steering),
+        BTreeSet::from([SHARED.to_string(), RESERVED.to_string()])
+    );
+    let mut rolling = workers.clone();
+    rolling[0].newest = false;
+    assert_eq!(
+        in_motion(&pool, &live, &rolling, &replicas(2, 8), &steering),
+        BTreeSet::from([SHARED.to_string()])
+    );
+}
+
+#[test]
+fn an_hour_long_drain_timeout_asks_workers_for_no_more_than_the_protocols_hour() {
+    // Issue 50, item 1: with `--drain-timeout 1h` and a lane whose job time is not known, the
+    // drain waits its whole limit; asking for the limit and the margin (3,615 s) would be
+    // answered 400 (a refusal) by every worker, and the shrink would go on ranking alone.
+    let pool = pool();
+    let workers = shared_workers(4);
+    let deployments = BTreeMap::from([deployment(SHARED, 4), deployment(RESERVED, 2)]);
+    let mut work = reading(&workers, &["jobs-shared-1"]);
+    work.job_seconds.clear();
+    let (target, applied) = (replicas(2, 3), replicas(2, 4));
+    let seen = Seen {
+        pool: &pool,
+        live: &deployments,
+        workers: &workers,
+        work: Some(&work),
+        inherited: None,
+        target: &target,
+        applied: Some(&applied),
+        now: NOW,
+    };
+    let mut steering = Steering::default();
+    let hour = Settings {
+        drain_timeout: Duration::from_secs(3600),
+        ..settings()
+    };
+    let effects = plan(&seen, &mut steering, hour);
+    assert_eq!(steering.drains[SHARED].timeout, Duration::from_secs(3600));
+    let sent = drains_sent(&effects);
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent.iter().all(|(_, seconds)| (1..=3600).contains(seconds)),
+        "{sent:?}"
+    );
+}
