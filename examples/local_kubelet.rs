@@ -12,6 +12,8 @@
 //! the new one), and an env value under a mount path points into that folder instead (the
 //! processes share this machine's file system). A Pod being deleted is stopped the kubelet's
 //! way: SIGTERM, up to its grace period, SIGKILL, then the Pod is removed (delete with grace 0).
+//! A running Pod fails its readiness probe while the file `<log-dir>/unready/<pod name>` exists:
+//! it is reported not Ready until the file goes (a test's way to fail a worker's probe).
 //! Prometheus finds the workers through a file_sd file this writes (`--pod-targets`): each Pod's
 //! address at its container port named `metrics`, labelled `namespace`, `pool` and `pod`. Its
 //! workers never outlive it: stopped on SIGTERM/Ctrl-C, killed by the kernel if it dies.
@@ -411,16 +413,11 @@ impl Kubelet {
         }
     }
 
-    /// A running Pod with readiness gates is Ready only while every gate's condition is True
-    /// (and its container is ready, as it is here), as a kubelet reports it.
+    /// A running Pod is Ready only while every readiness gate's condition is True and its
+    /// readiness probe passes (see [`Self::probe_fails`]), as a kubelet reports it.
     async fn follow_gates(&self, pod: &Pod) {
-        let gated = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.readiness_gates.as_ref())
-            .is_some_and(|g| !g.is_empty());
-        let want = gates_open(pod);
-        if !gated || condition_true(pod, "Ready") == want {
+        let want = gates_open(pod) && !self.probe_fails(&pod.name_any());
+        if condition_true(pod, "Ready") == want {
             return;
         }
         let status = if want { "True" } else { "False" };
@@ -436,6 +433,11 @@ impl Kubelet {
         {
             eprintln!("local_kubelet: {name}: writing readiness: {e}");
         }
+    }
+
+    /// Whether the Pod's readiness probe fails now: the file `<log-dir>/unready/<pod>` exists.
+    fn probe_fails(&self, pod: &str) -> bool {
+        self.args.log_dir.join("unready").join(pod).exists()
     }
 
     /// The address a Pod keeps while it runs (and across restarts of its worker).

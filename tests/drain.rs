@@ -22,7 +22,8 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
-    self as testenv, Controllers, InProcessOperator, LaneQueue, TestPrometheus, example, http_get,
+    self as testenv, ControlPlane, Controllers, InProcessOperator, LaneQueue, TestPrometheus,
+    example, http_get,
 };
 use serde_json::json;
 use testenv::until;
@@ -36,7 +37,11 @@ const SHARED: &str = "lanepool.dev/pool=jobs,lanepool.dev/role=shared";
 /// One test's world: a namespace of the shared control plane (with its controller-manager), a
 /// lane queue with a batch backlog of long jobs, Prometheus, a process kubelet and the operator.
 struct World {
+    /// A control plane of this test's own (one it may freeze), or none: the shared one.
+    plane: Option<ControlPlane>,
     client: Client,
+    /// Where the process kubelet keeps the workers' output (and reads which probes fail).
+    logs: PathBuf,
     namespace: String,
     queue: SocketAddr,
     _kubelet: Killed,
@@ -104,8 +109,15 @@ unsafe extern "C" {
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
+const SIGKILL: i32 = 9;
 const SIGCONT: i32 = 18;
 const SIGSTOP: i32 = 19;
+
+/// Sends `signal` to the process `pid` (a control plane's, in fault tests).
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a process this test started.
+    unsafe { libc_kill(pid as i32, signal) };
+}
 
 impl Drop for Elected {
     fn drop(&mut self) {
@@ -128,6 +140,28 @@ impl World {
         elected: bool,
     ) -> Self {
         let plane = testenv::shared_with(Controllers::Pods).expect("the control plane starts");
+        Self::start_on(plane, prefix, drain_timeout, pod_start, elected).await
+    }
+
+    /// Two elected operators on a control plane of the test's own, whose
+    /// kube-controller-manager it may freeze without holding up other tests.
+    async fn start_private(prefix: &str) -> Self {
+        let plane = ControlPlane::start_with(Controllers::Pods)
+            .await
+            .expect("the control plane starts");
+        let drain_timeout = lanepool::controller::DEFAULT_DRAIN_TIMEOUT;
+        let mut world = Self::start_on(&plane, prefix, drain_timeout, Duration::ZERO, true).await;
+        world.plane = Some(plane);
+        world
+    }
+
+    async fn start_on(
+        plane: &ControlPlane,
+        prefix: &str,
+        drain_timeout: Duration,
+        pod_start: Duration,
+        elected: bool,
+    ) -> Self {
         let client = plane.client().await.unwrap();
         let namespace = plane.namespace(&client, prefix).await.unwrap();
         let queue_process = start_queue(&namespace);
@@ -166,6 +200,8 @@ impl World {
             Operators::InProcess(operator)
         };
         Self {
+            plane: None,
+            logs,
             client,
             namespace,
             queue,
@@ -749,6 +785,141 @@ async fn a_shrink_during_a_rollover_waits_for_it_and_cuts_no_job_short() {
     );
     assert_eq!(cut_short, 0.0, "a job was cut short");
     assert_eq!(world.busy_stopped(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hour_long_drain_timeout_drains_before_the_shrink_and_cuts_no_job_short() {
+    // Issue 50, item 1: `--drain-timeout 1h`, and the shrink comes before any batch job has
+    // finished (its job time is not known yet), so the drain waits its whole limit. Asking the
+    // workers for the limit and the margin (3,615 s) was answered 400, a refusal, and the shrink
+    // stopped them busy.
+    let world = World::start("hour", Duration::from_secs(3600), Duration::ZERO).await;
+    let shrunk = saturated_shrink(&world).await;
+    println!(
+        "an hour's drain timeout: shrank {:.1} s after the raise; {} jobs cut short",
+        shrunk.shrink.as_secs_f64(),
+        shrunk.cut_short
+    );
+    assert_eq!(
+        shrunk.cut_short, 0.0,
+        "a drained worker's job was cut short"
+    );
+    assert_eq!(world.busy_stopped(), 0);
+    assert!(
+        shrunk.shrink >= Duration::from_secs(7),
+        "shared shrank {:?} after the raise, before its workers' jobs could end",
+        shrunk.shrink
+    );
+}
+
+/// The Pod names a `Draining` or `StandingIn` note ends with.
+fn named(note: &str) -> BTreeSet<String> {
+    note.rsplit(": ")
+        .next()
+        .unwrap_or_default()
+        .split(", ")
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_worker_that_fails_its_readiness_probe_is_not_stopped_in_place_of_a_drained_one() {
+    // Issue 50, item 7: once the drain chose its workers, a busy shared worker it did not choose
+    // fails its readiness probe. The ReplicaSet controller deletes a Pod that is not ready before
+    // it looks at deletion costs: the shrink must not go while that worker is busy, and the
+    // drain takes it.
+    let world = World::start(
+        "flap",
+        lanepool::controller::DEFAULT_DRAIN_TIMEOUT,
+        Duration::ZERO,
+    )
+    .await;
+    busy_pool(&world).await;
+    world.raise_reserve(3).await;
+    until(30, "the drain", || async {
+        !world.events("Draining").await.is_empty()
+    })
+    .await;
+    let drained = named(&world.events("Draining").await[0]);
+    let flapping = world
+        .pod_names(SHARED)
+        .await
+        .into_iter()
+        .find(|pod| !drained.contains(pod))
+        .expect("a shared worker not drained");
+    // Its readiness probe fails from now on (the process kubelet reports it not Ready).
+    let unready = world.logs.join("unready");
+    std::fs::create_dir_all(&unready).unwrap();
+    std::fs::write(unready.join(&flapping), "").unwrap();
+    until(90, "shared shrinks to 2", || async {
+        world.counts("jobs-shared").await.0 == 2
+    })
+    .await;
+    until(30, "two shared Pods left", || async {
+        world.pods(SHARED).await.len() == 2
+    })
+    .await;
+    let cut_short = world.cut_short();
+    println!(
+        "a busy worker failing its probe: {cut_short} jobs cut short; busy workers stopped: {}; drains: {:?}",
+        world.busy_stopped(),
+        world.events("Draining").await
+    );
+    assert_eq!(cut_short, 0.0, "a job was cut short");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shrink_the_controller_manager_carries_out_late_after_a_new_leader_cuts_no_job_short() {
+    // Issue 50, item 2: kube-controller-manager is frozen from just before the shrink is written
+    // until a minute after, past the drained workers' lapse, and the leader that wrote it is
+    // killed in that window. The drained workers must still be draining (renewed by the new
+    // leader, not called off) when the ReplicaSet controller at last stops them.
+    let world = World::start_private("late-rs").await;
+    let plane = world.plane.as_ref().expect("the test's own control plane");
+    let manager = plane
+        .controller_manager_pid()
+        .expect("kube-controller-manager runs");
+    busy_pool(&world).await;
+    world.raise_reserve(3).await;
+    // The drain starts once the new reserved workers are ready: nothing needs the controller
+    // manager from here to the shrink.
+    until(30, "the drain", || async {
+        !world.events("Draining").await.is_empty()
+    })
+    .await;
+    signal(manager, SIGSTOP);
+    let frozen = Instant::now();
+    until(30, "the shrink written", || async {
+        world.counts("jobs-shared").await.0 == 2
+    })
+    .await;
+    let writer = world.leader().await.expect("a leader wrote the shrink");
+    writer.signal(SIGKILL);
+    let killed = writer.identity.clone();
+    until(20, "the standby leads", || async {
+        world.leader().await.is_some_and(|l| l.identity != killed)
+    })
+    .await;
+    tokio::time::sleep_until((frozen + Duration::from_secs(60)).into()).await;
+    let still_draining = world.shared_saying("lanepool_worker_draining").await;
+    signal(manager, SIGCONT);
+    until(60, "two shared Pods left", || async {
+        world.pods(SHARED).await.len() == 2
+    })
+    .await;
+    let cut_short = world.cut_short();
+    let standby = world.leader().await.expect("the standby leads");
+    println!(
+        "the controller-manager frozen 60 s over the shrink and a new leader: {still_draining} \
+         workers still draining at the thaw; {cut_short} jobs cut short"
+    );
+    assert_eq!(
+        still_draining,
+        2,
+        "the drained workers are draining when the ReplicaSet controller acts:\n{}",
+        standby.log()
+    );
+    assert_eq!(cut_short, 0.0, "a job was cut short");
 }
 
 /// Changes the shared workers' pod template (an environment variable added).

@@ -239,6 +239,14 @@ impl ControlPlane {
         self.processes.iter().map(|p| p.child.id()).collect()
     }
 
+    /// kube-controller-manager's pid (`None` without it), to freeze and thaw it in fault tests.
+    pub fn controller_manager_pid(&self) -> Option<u32> {
+        self.processes
+            .iter()
+            .find(|p| p.log.to_string_lossy().contains("controller-manager"))
+            .map(|p| p.child.id())
+    }
+
     /// The kube-apiserver's pid, to freeze (SIGSTOP) and thaw (SIGCONT) it in fault tests.
     pub fn api_server_pid(&self) -> u32 {
         self.processes[1].child.id()
