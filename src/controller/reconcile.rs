@@ -24,7 +24,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::act::credential as act_credential;
@@ -206,8 +205,8 @@ impl Walk<'_> {
         let release = effects.release;
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
-        for (reason, note) in effects.events {
-            ctx.event(pool, EventType::Normal, reason, note).await;
+        for (type_, reason, note) in effects.events {
+            ctx.event(pool, type_, reason, note).await;
         }
         if pods.refused_credential.load(Ordering::Relaxed) {
             memory.credential.doubt();

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::effects::{Ask, Effects, Records, Request};
@@ -233,7 +234,7 @@ fn advance(seen: &Seen<'_>, drain: &mut Drain, among: &Among<'_>, effects: &mut 
         } else {
             effects
                 .events
-                .push(("Draining", draining_note(shrink, drain)));
+                .push((EventType::Normal, "Draining", draining_note(shrink, drain)));
         }
     }
     let names = live.iter().map(|w| w.name.as_str());

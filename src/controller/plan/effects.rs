@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use kube::runtime::events::EventType;
+
 use crate::controller::rollout::drain::DrainAnswer;
 use crate::controller::rollout::{Held, Release};
 use crate::sizing::Replicas;
@@ -78,8 +80,8 @@ impl StandInAnswer {
     }
 }
 
-/// An event for the pool: its reason and note.
-pub(crate) type Note = (&'static str, String);
+/// An event for the pool: its type, reason and note.
+pub(crate) type Note = (EventType, &'static str, String);
 
 /// What one reconcile's rollout does, for act to perform in this order: the growth alone; the
 /// requests to workers, the deletion costs and the readiness gates; the release; the events.

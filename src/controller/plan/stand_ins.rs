@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use kube::runtime::events::EventType;
 use tracing::{debug, info};
 
 use super::effects::{Ask, Effects, Records, Request};
@@ -69,7 +70,7 @@ pub(super) fn stand_in(
         }
         let note = standing_in_note(wanted, &asked, seconds);
         info!(deployment, workers = asked.len(), "{note}");
-        effects.events.push(("StandingIn", note));
+        effects.events.push((EventType::Normal, "StandingIn", note));
     }
     ended
 }
