@@ -40,6 +40,7 @@ use super::rollout::{Rules, grace};
 use super::state::pools::PoolKey;
 use super::state::worker_reads::CountsRead;
 use super::state::{self, PoolMemory, STATUS_REFRESH, Start};
+use super::worker::Worker;
 use super::{caches, deployments, status};
 use crate::api::{LanePool, LanePoolStatus};
 use crate::sizing::{Decision, Inputs, PoolSizing, Replicas, decide};
@@ -197,7 +198,7 @@ impl Walk<'_> {
         }
         pods.steer_with(self.keep_credential(credential, memory).await);
         let answers = steer::steer((pool, ctx, &pods), &effects).await;
-        plan::record(&mut memory.steering, answers);
+        plan::record(&mut memory.steering, answers, ctx.started.elapsed());
         if let Some(busy) = effects.stopped_busy {
             let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
             ctx.metrics.stopped_busy(&namespace, &name, busy);
@@ -232,10 +233,11 @@ impl Walk<'_> {
     }
 
     /// Observes, in one round: the lanes' load and every lane's job time from Prometheus (when
-    /// due), the workers' counts (when due), what the workers of the `moving` Deployments are
-    /// doing (every worker's, when due: a decision may start a shrink anywhere; Prometheus asked
-    /// for them too only while some Deployment moves), and once per process what an earlier
-    /// leader left in the workers. Each worker is asked once, whatever needs its answer.
+    /// due), beside the workers' `/metrics`, each worker asked once (every worker when due or when
+    /// this process has not yet read what an earlier leader left in them; otherwise those of the
+    /// `moving` Deployments, none for a pool at rest). From those answers: the workers' counts
+    /// (when due), what the workers are doing (Prometheus asked for those that gave no answer,
+    /// after them), and what an earlier leader left.
     async fn observe<'p>(
         &self,
         start: &Start,
@@ -250,34 +252,37 @@ impl Walk<'_> {
                 false => None,
             }
         };
-        let counts = async {
-            match start.due {
+        let every = start.due || !memory.steering.inherited_read;
+        let asked: Vec<&Worker> = pods
+            .workers()
+            .iter()
+            .filter(|w| every || moving.contains(&w.deployment))
+            .collect();
+        let answers = async {
+            // The one request to each worker: the steps below read the answers kept.
+            pods.metrics_texts(&asked).await;
+            let counts = match start.due {
                 true => reads::ask(&memory.worker_reads, pool, ctx, pods).await,
                 false => None,
-            }
-        };
-        let whose = work::Whose {
-            deployments: (!start.due).then_some(moving),
-            scrape: !moving.is_empty(),
-        };
-        let reading = async {
-            match start.due || !moving.is_empty() {
+            };
+            let whose = work::Whose {
+                deployments: (!start.due).then_some(moving),
+            };
+            let reading = match start.due || !moving.is_empty() {
                 true => {
-                    let connection = memory.connection.as_ref();
-                    let job_seconds = &memory.job_seconds;
+                    let (connection, job_seconds) =
+                        (memory.connection.as_ref(), &memory.job_seconds);
                     Some(work::read((pool, ctx, pods), whose, connection, job_seconds).await)
                 }
                 false => None,
-            }
-        };
-        let inherited = async {
-            match memory.steering.inherited_read {
+            };
+            let inherited = match memory.steering.inherited_read {
                 true => None,
                 false => Some(work::inherited(pods).await),
-            }
+            };
+            (counts, reading, inherited)
         };
-        let (measured, counts, work, inherited) =
-            futures::join!(measure, counts, reading, inherited);
+        let (measured, (counts, work, inherited)) = futures::join!(measure, answers);
         let measured = match measured {
             Some(measured) => Some((measured?, counts)),
             None => None,

@@ -1,8 +1,8 @@
 //! What a pool's workers are doing, for the rollout's plan to choose whom to drain, stand in or
 //! stop: each worker's own gauges (its `/metrics` answer, asked at most once per reconcile and
 //! shared with the load reads) and the pool's Prometheus (a scrape old) for those that do not
-//! answer; and what an earlier leader left in them. Only the workers of the Deployments in motion
-//! (`plan::in_motion`) are read, and only while some are: a pool at rest asks nothing here.
+//! answer; and what an earlier leader left in them. Between measurements only the workers of the
+//! Deployments in motion (`plan::in_motion`) are read: a pool at rest asks nothing here.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,16 +17,14 @@ use crate::controller::rollout::cost::{Reading, busy_pods};
 use crate::controller::worker::Worker;
 use crate::prometheus::Connection;
 
-/// Whose work to read: the workers of these Deployments (`None`: every worker of the pool), and
-/// whether to ask Prometheus for them too, at once (for those that do not answer).
+/// Whose work to read: the workers of these Deployments (`None`: every worker of the pool).
 pub(in crate::controller) struct Whose<'a> {
     pub(in crate::controller) deployments: Option<&'a BTreeSet<String>>,
-    pub(in crate::controller) scrape: bool,
 }
 
-/// What the chosen workers are doing. Their own answers and Prometheus's are asked at once,
-/// neither waiting for the other (Prometheus only when there is a worker to ask about). Every
-/// lane's job time is `job_seconds`.
+/// What the chosen workers are doing: their own answers (asked once per reconcile, usually
+/// already), and Prometheus's busy gauges for those that gave none. Every lane's job time is
+/// `job_seconds`.
 pub(in crate::controller) async fn read(
     (pool, ctx, pods): (&LanePool, &Context, &PoolPods<'_>),
     whose: Whose<'_>,
@@ -38,13 +36,7 @@ pub(in crate::controller) async fn read(
         .iter()
         .filter(|w| whose.deployments.is_none_or(|d| d.contains(&w.deployment)))
         .collect();
-    let scraped = async {
-        match whose.scrape && !live.is_empty() {
-            true => Some(busy_workers(ctx, connection, pool, "the pool's rollout").await),
-            false => None,
-        }
-    };
-    let (texts, scraped) = futures::join!(pods.metrics_texts(&live), scraped);
+    let texts = pods.metrics_texts(&live).await;
     let (mut busy, mut started) = (Vec::new(), Vec::new());
     for (name, answered) in &texts {
         let (b, s) = parse_gauges(&answered.text, name);
@@ -53,6 +45,11 @@ pub(in crate::controller) async fn read(
     }
     let mut work = busy_pods(&busy, &started);
     let heard: HashSet<String> = work.keys().cloned().collect();
+    let silent = live.iter().any(|w| !heard.contains(&w.name));
+    let scraped = match silent {
+        true => Some(busy_workers(ctx, connection, pool, "the pool's rollout").await),
+        false => None,
+    };
     let scraped = scraped.map(|answer| match answer {
         Some((busy, started)) => {
             for (pod, scraped) in busy_pods(&busy, &started) {

@@ -13,8 +13,8 @@ use tracing::{info, warn};
 
 use super::effects::{Ask, Effects, Records, Request};
 use super::rank;
-use super::seen::{Seen, Steering, candidates};
-use crate::controller::deployments::spec_replicas;
+use super::seen::{Seen, Settings, Steering, candidates};
+use crate::controller::deployments::{counts_by_name, spec_replicas};
 use crate::controller::rollout::Shrink;
 use crate::controller::rollout::cost::{DRAINED_COST, IDLE_COST, Work};
 use crate::controller::rollout::drain::{self, Candidate, Drain, choose};
@@ -24,24 +24,35 @@ use crate::duration::human_seconds;
 /// Advances the drains of the pool's shrinking Deployments (`shrinks`: those the surge lets shrink
 /// now) and calls off those of Deployments that no longer shrink. A drain that starts takes first
 /// the workers that `standing_in` names for its Deployment. A Deployment in a rollover (workers
-/// of two templates) does not shrink until the rollover is over: its Deployment controller would
-/// take the shrink from both ReplicaSets in proportion, not from the drained workers. Returns, for
-/// each shrinking Deployment, the fewest workers it may run now ([`drain_among`]).
+/// of two templates) does not shrink until the rollover is over (at most the surge timeout): its
+/// Deployment controller would take the shrink from both ReplicaSets in proportion, not from the
+/// drained workers. Returns, for each shrinking Deployment, the fewest workers it may run now
+/// ([`drain_among`]).
 pub(super) fn drain_before_shrinks(
     seen: &Seen<'_>,
     steering: &mut Steering,
     shrinks: &[Shrink],
     standing_in: &BTreeMap<String, BTreeSet<String>>,
-    timeout: Duration,
+    settings: Settings,
     effects: &mut Effects,
 ) -> BTreeMap<String, i32> {
+    let (now, timeout) = (seen.now, settings.drain_timeout);
     let mut floors = BTreeMap::new();
-    let rolling = |shrink: &&Shrink| {
-        seen.workers_of(&shrink.deployment)
-            .iter()
-            .any(|w| !w.newest)
+    let rolling = |deployment: &str| seen.workers_of(deployment).iter().any(|w| !w.newest);
+    steering.rollover_waits.retain(|d, _| rolling(d));
+    // A rollover that does not end (new workers that never pass their gate) holds a shrink no
+    // longer than the surge would: then it drains as it did before, across both templates.
+    let limit = settings.rules.surge_timeout;
+    let waits = |shrink: &&Shrink, waits: &mut BTreeMap<String, Duration>| {
+        if !rolling(&shrink.deployment) {
+            return false;
+        }
+        let since = *waits.entry(shrink.deployment.clone()).or_insert(now);
+        now.saturating_sub(since) < limit
     };
-    let (waiting, going): (Vec<&Shrink>, Vec<&Shrink>) = shrinks.iter().partition(rolling);
+    let (waiting, going): (Vec<&Shrink>, Vec<&Shrink>) = shrinks
+        .iter()
+        .partition(|shrink| waits(shrink, &mut steering.rollover_waits));
     for shrink in waiting {
         info!(
             deployment = shrink.deployment,
@@ -110,6 +121,7 @@ pub(super) fn drain_among(
     // earlier leader). Until then the shrink waits a round and the costs are written. The
     // ReplicaSet controller reads the same watch, two hops later (the Deployment's change
     // reaches its ReplicaSet first).
+    drain.forget_stale(seen.now);
     let floor = drain.floor(shrink, seen.now);
     let idle = drain.idle();
     drain.costs_unseen = floor < shrink.live
@@ -128,14 +140,20 @@ pub(super) fn drain_among(
     // shrink stops is foreseen as that controller orders them; if a busy worker is among them,
     // the drain chooses again (it takes such Pods first) and the shrink waits for it.
     let stopping = usize::try_from(shrink.live - floor).unwrap_or(0);
-    let busy_stopped = busy_among_stopped(seen, live, &idle, stopping);
+    // A worker not ready that says nothing may be busy too, while the drain is within its time
+    // (one that never answers does not hold the shrink for ever).
+    let first = drain.pods.values().map(|d| d.asked_at).min();
+    let within = first.is_none_or(|first| seen.now < first + drain.timeout);
+    let busy_stopped = busy_among_stopped(seen, live, &idle, (stopping, within));
     if !busy_stopped.is_empty() {
         warn!(
             deployment = shrink.deployment,
             pods = ?busy_stopped,
             "a busy worker is not ready: the ReplicaSet would stop it first; the shrink waits"
         );
-        if busy_stopped.iter().any(|n| !drain.pods.contains_key(n)) {
+        // Chosen again to drain it, unless it is drained already or does not drain.
+        let known = |n: &String| drain.pods.contains_key(n) || drain.refused.contains(n);
+        if !busy_stopped.iter().all(known) {
             drain.rechoose = true;
         }
         return shrink.live;
@@ -148,12 +166,13 @@ fn names<'a>(live: &'a [&'a Worker]) -> impl Iterator<Item = &'a str> {
 }
 
 /// Of the `stopping` workers of `live` the ReplicaSet controller stops first (those not ready,
-/// then the drained `idle` ones marked -1, then by their cost), those known to run a job.
+/// then the drained `idle` ones marked -1, then by their cost), those known to run a job, and
+/// while `unknown_holds` those not ready that run a container and say nothing.
 fn busy_among_stopped(
     seen: &Seen<'_>,
     live: &[&Worker],
     idle: &BTreeSet<String>,
-    stopping: usize,
+    (stopping, unknown_holds): (usize, bool),
 ) -> Vec<String> {
     let Some(reading) = seen.work.filter(|_| stopping > 0) else {
         return Vec::new();
@@ -170,10 +189,21 @@ fn busy_among_stopped(
             draining: false,
         })
         .collect();
+    let by_name: BTreeMap<&str, &&Worker> = live.iter().map(|w| (w.name.as_str(), w)).collect();
+    let may_work = |name: &String| match reading.work.get(name) {
+        Some(Work::Busy { .. }) => true,
+        Some(Work::Idle) => false,
+        None => {
+            let worker = by_name.get(name.as_str());
+            unknown_holds
+                && worker
+                    .is_some_and(|w| !w.ready && w.started.is_some() && w.cannot_start.is_none())
+        }
+    };
     choose(&candidates, stopping)
         .into_iter()
         .filter(|name| !idle.contains(name))
-        .filter(|name| matches!(reading.work.get(name), Some(Work::Busy { .. })))
+        .filter(may_work)
         .collect()
 }
 
@@ -315,7 +345,15 @@ pub(super) fn follow_shrunk(
             continue;
         };
         drain.keep_live(live.iter().map(|w| w.name.as_str()));
-        let given = seen.live.get(&deployment).and_then(spec_replicas);
+        // What it is given: the watch cache may not show this process's last write yet.
+        let written = counts_by_name(seen.pool, seen.applied)
+            .get(&deployment)
+            .copied();
+        let cached = seen.live.get(&deployment).and_then(spec_replicas);
+        let given = match (cached, written) {
+            (Some(cached), Some(written)) => Some(cached.min(written)),
+            (cached, written) => cached.or(written),
+        };
         let count = i32::try_from(live.len()).unwrap_or(i32::MAX);
         let stopping = given.is_some_and(|given| count > given);
         if drain.pods.is_empty() || !stopping {
@@ -336,7 +374,7 @@ pub(super) fn follow_shrunk(
             effects.asks.push(Ask {
                 pod: pod.to_string(),
                 request: Request::Drain(seconds),
-                records: Records::Nothing,
+                records: Records::Shrunk(deployment.clone()),
             });
         }
     }

@@ -43,12 +43,14 @@ impl Request {
 /// Which of the pool's steps an answer is for.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Records {
-    /// None: a worker called back, or a shrink's drain renewed.
+    /// None: a worker called back.
     Nothing,
     /// The drain of a shrinking Deployment.
     Drain(String),
     /// The drain of a Deployment's rollover.
     Rollover(String),
+    /// The drained workers of a Deployment's shrink written already.
+    Shrunk(String),
     /// The stand-ins of a Deployment's waiting shrink.
     StandIn(String),
 }

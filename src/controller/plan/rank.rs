@@ -29,16 +29,21 @@ pub(super) fn rank_release(
 ) {
     let to = counts_by_name(seen.pool, Some(&release.replicas));
     for deployment in &release.shrinking {
-        let idle = steering.drains.get(deployment).map(|d| d.idle());
-        let written = steering
-            .shrunk
-            .get(deployment)
-            .map(|d| d.pods.keys().cloned());
-        let drained: BTreeSet<String> = idle
+        // The drained workers known idle go first, of this shrink and of one written before; a
+        // written shrink's worker not known idle (one an earlier leader drained) keeps the cost
+        // it has: the ReplicaSet controller may be about to stop it.
+        let shrunk = steering.shrunk.get(deployment);
+        let drained: BTreeSet<String> = [steering.drains.get(deployment), shrunk]
             .into_iter()
             .flatten()
-            .chain(written.into_iter().flatten())
+            .flat_map(|d| d.idle())
             .collect();
+        let kept: BTreeSet<String> = shrunk
+            .map(|d| {
+                let unknown = d.pods.keys().filter(|p| !drained.contains(*p));
+                unknown.cloned().collect()
+            })
+            .unwrap_or_default();
         let from = seen.live.get(deployment).and_then(spec_replicas);
         let stopping = from.zip(to.get(deployment)).map_or(0, |(f, t)| f - t);
         let stopping = usize::try_from(stopping).unwrap_or(0);
@@ -49,6 +54,7 @@ pub(super) fn rank_release(
         let Some((costs, busy)) = costs(seen, deployment, &live, stopping, &drained) else {
             continue;
         };
+        let costs = costs.into_iter().filter(|(pod, _)| !kept.contains(pod));
         effects.costs.extend(costs);
         *effects.stopped_busy.get_or_insert(0) += busy;
     }

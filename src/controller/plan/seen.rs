@@ -32,6 +32,8 @@ pub(crate) struct Steering {
     pub(crate) rollovers: BTreeMap<String, Drain>,
     /// The stand-ins of shrinks waiting for the surge, by Deployment name.
     pub(crate) stand_ins: BTreeMap<String, StandIns>,
+    /// Since when each shrinking Deployment's shrink waits for its rollover to end.
+    pub(crate) rollover_waits: BTreeMap<String, Duration>,
     /// Whether this process has taken over what an earlier leader left in the workers: once, at
     /// its first reconcile of the pool.
     pub(crate) inherited_read: bool,
@@ -154,6 +156,7 @@ impl Steering {
                 let drained = Drained {
                     asked_at: now,
                     idle: false,
+                    answered: None,
                 };
                 drain.pods.entry(pod).or_insert(drained);
             }

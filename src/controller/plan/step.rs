@@ -1,10 +1,11 @@
 //! The plan itself: one reconcile's rollout, step by step, and the answers recorded for the next.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use tracing::info;
 
-use super::effects::{Answer, Ask, Effects, Records, StandInAnswer};
+use super::effects::{Answer, Ask, Effects, Records, Request, StandInAnswer};
 use super::seen::{Seen, Settings, Steering};
 use super::{drains, gates, rank, stand_ins};
 use crate::controller::deployments::spec_replicas;
@@ -73,7 +74,7 @@ pub(crate) fn plan(seen: &Seen<'_>, steering: &mut Steering, settings: Settings)
         steering,
         &rollout.shrinks,
         &stood_in,
-        settings.drain_timeout,
+        settings,
         &mut effects,
     );
     stand_ins::end(seen, ended, &steering.drains, &mut effects);
@@ -99,7 +100,30 @@ pub(crate) fn plan(seen: &Seen<'_>, steering: &mut Steering, settings: Settings)
     }
     effects.release = settled.release;
     effects.held = settled.held;
+    effects.asks = one_each(effects.asks);
     effects
+}
+
+/// One request per worker: two steps may ask the same one (a drain called off and another
+/// choosing it again, a stand-in ended and a drain starting), and two requests in flight at once
+/// would leave it in whichever state came last. A drain wins over a stand-in, and either over a
+/// worker sent back to its own lanes or called back from a drain.
+pub(super) fn one_each(asks: Vec<Ask>) -> Vec<Ask> {
+    let rank = |ask: &Ask| match ask.request {
+        Request::Drain(seconds) if seconds > 0 => 0,
+        Request::StandIn { .. } => 1,
+        Request::Drain(_) | Request::OwnLanes => 2,
+    };
+    let mut kept: BTreeMap<String, Ask> = BTreeMap::new();
+    for ask in asks {
+        match kept.get(&ask.pod) {
+            Some(first) if rank(first) <= rank(&ask) => {}
+            _ => {
+                kept.insert(ask.pod.clone(), ask);
+            }
+        }
+    }
+    kept.into_values().collect()
 }
 
 /// Whether `deployment`'s shrink is written and not yet carried out: it runs more live workers
@@ -113,17 +137,21 @@ fn shrink_written(seen: &Seen<'_>, deployment: &str) -> bool {
 
 /// Records what the workers answered: the drains and stand-ins the requests were for go on from
 /// the answers at the next reconcile.
-pub(crate) fn record(steering: &mut Steering, answers: Vec<(Ask, Answer)>) {
-    let mut drains: BTreeMap<(bool, String), BTreeMap<String, DrainAnswer>> = BTreeMap::new();
+pub(crate) fn record(steering: &mut Steering, answers: Vec<(Ask, Answer)>, now: Duration) {
+    let mut drains: BTreeMap<(u8, String), BTreeMap<String, DrainAnswer>> = BTreeMap::new();
     let mut stand_ins: BTreeMap<String, Vec<(String, StandInAnswer)>> = BTreeMap::new();
     for (ask, answer) in answers {
         match (ask.records, answer) {
             (Records::Drain(deployment), Answer::Drain(answer)) => {
-                let to = drains.entry((false, deployment)).or_default();
+                let to = drains.entry((0, deployment)).or_default();
                 to.insert(ask.pod, answer);
             }
             (Records::Rollover(deployment), Answer::Drain(answer)) => {
-                let to = drains.entry((true, deployment)).or_default();
+                let to = drains.entry((1, deployment)).or_default();
+                to.insert(ask.pod, answer);
+            }
+            (Records::Shrunk(deployment), Answer::Drain(answer)) => {
+                let to = drains.entry((2, deployment)).or_default();
                 to.insert(ask.pod, answer);
             }
             (Records::StandIn(deployment), Answer::StandIn(answer)) => {
@@ -135,13 +163,14 @@ pub(crate) fn record(steering: &mut Steering, answers: Vec<(Ask, Answer)>) {
             _ => {}
         }
     }
-    for ((rollover, deployment), answers) in drains {
-        let of = match rollover {
-            true => &mut steering.rollovers,
-            false => &mut steering.drains,
+    for ((of, deployment), answers) in drains {
+        let of = match of {
+            0 => &mut steering.drains,
+            1 => &mut steering.rollovers,
+            _ => &mut steering.shrunk,
         };
         if let Some(drain) = of.get_mut(&deployment) {
-            drain.answered(answers);
+            drain.answered(answers, now);
         }
     }
     for (deployment, answers) in stand_ins {

@@ -141,6 +141,7 @@ fn drain_of(pods: &[(&str, bool)]) -> Drain {
                 let drained = Drained {
                     asked_at: NOW,
                     idle: *idle,
+                    answered: Some(NOW),
                 };
                 (name.to_string(), drained)
             })
@@ -175,7 +176,7 @@ fn a_drain_answered_idle_shows_its_cost_then_shrinks_then_is_renewed_until_its_p
     // Its answer (idle) is recorded for the next reconcile.
     let answer = Answer::Drain(DrainAnswer::Draining { busy: false });
     let answers = effects.asks.iter().map(|a| (a.clone(), answer)).collect();
-    record(&mut steering, answers);
+    record(&mut steering, answers, NOW);
     // The next marks it -1, still holding; the one after, with the mark in the cache, shrinks.
     let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
     assert_eq!(effects.release.replicas.shared, 4);
@@ -385,4 +386,110 @@ fn an_hour_long_drain_timeout_asks_workers_for_no_more_than_the_protocols_hour()
         sent.iter().all(|(_, seconds)| (1..=3600).contains(seconds)),
         "{sent:?}"
     );
+}
+
+#[test]
+fn an_idle_answer_too_old_to_trust_holds_the_shrink_until_the_worker_answers_again() {
+    // Review of issue 50: reconciles failed for a while after the idle answer; the drain may
+    // have lapsed since and the worker taken a job. The answer is not trusted; the drain is
+    // renewed, and the shrink goes on the fresh answer.
+    let victim = "jobs-shared-0";
+    let mut workers = shared_workers(4);
+    workers[0] = worker(victim, SHARED, Some(DRAINED_COST));
+    let mut drain = drain_of(&[(victim, true)]);
+    drain.pods.get_mut(victim).unwrap().answered = Some(NOW - Duration::from_secs(20));
+    let mut steering = Steering {
+        drains: BTreeMap::from([(SHARED.to_string(), drain)]),
+        ..Steering::default()
+    };
+    let busy = ["jobs-shared-1", "jobs-shared-2", "jobs-shared-3"];
+    let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 4, "held on a stale answer");
+    assert!(
+        drains_sent(&effects)
+            .iter()
+            .any(|(pod, s)| pod == victim && *s > 0)
+    );
+    let answer = Answer::Drain(DrainAnswer::Draining { busy: false });
+    let answers = effects.asks.iter().map(|a| (a.clone(), answer)).collect();
+    record(&mut steering, answers, NOW);
+    let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 3, "goes on the fresh one");
+}
+
+#[test]
+fn a_written_shrinks_worker_an_earlier_leader_drained_keeps_its_cost_until_it_answers_idle() {
+    // Review of issue 50: a new leader adopts drained workers of a shrink written and not carried
+    // out; one may be busy (its drain timed out). A further shrink's ranking must not mark it to
+    // go first.
+    let mut adopted = drain_of(&[("jobs-shared-1", false)]);
+    adopted.started = false;
+    let mut steering = Steering {
+        shrunk: BTreeMap::from([(SHARED.to_string(), adopted)]),
+        drains: BTreeMap::from([(SHARED.to_string(), drain_of(&[("jobs-shared-0", true)]))]),
+        ..Steering::default()
+    };
+    let mut workers = shared_workers(5);
+    workers[0] = worker("jobs-shared-0", SHARED, Some(DRAINED_COST));
+    let busy = [
+        "jobs-shared-1",
+        "jobs-shared-2",
+        "jobs-shared-3",
+        "jobs-shared-4",
+    ];
+    let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
+    assert_eq!(effects.release.replicas.shared, 3);
+    assert!(
+        !effects.costs.iter().any(|(pod, _)| pod == "jobs-shared-1"),
+        "{:?}",
+        effects.costs
+    );
+}
+
+#[test]
+fn a_watch_cache_behind_the_shrinks_write_does_not_call_its_drained_worker_back() {
+    // Review of issue 50: the reconcile right after the write may still see the old count.
+    let victim = format!("{SHARED}-0");
+    let mut steering = Steering {
+        shrunk: BTreeMap::from([(SHARED.to_string(), drain_of(&[(&victim, true)]))]),
+        ..Steering::default()
+    };
+    let mut workers = shared_workers(4);
+    workers[0] = worker(&victim, SHARED, Some(DRAINED_COST));
+    let pool = pool();
+    let stale = BTreeMap::from([deployment(SHARED, 4), deployment(RESERVED, 2)]);
+    let work = reading(&workers, &[]);
+    let (target, applied) = (replicas(2, 3), replicas(2, 3));
+    let seen = Seen {
+        pool: &pool,
+        live: &stale,
+        workers: &workers,
+        work: Some(&work),
+        inherited: None,
+        target: &target,
+        applied: Some(&applied),
+        now: NOW,
+    };
+    let effects = plan(&seen, &mut steering, settings());
+    let sent = drains_sent(&effects);
+    assert!(sent.len() == 1 && sent[0].1 > 0, "renewed: {sent:?}");
+    assert!(steering.shrunk.contains_key(SHARED));
+}
+
+#[test]
+fn a_worker_gets_one_request_a_reconcile_and_a_drain_wins() {
+    let ask = |pod: &str, request| Ask {
+        pod: pod.into(),
+        request,
+        records: Records::Nothing,
+    };
+    let asks = vec![
+        ask("a", Request::Drain(0)),
+        ask("a", Request::Drain(30)),
+        ask("b", Request::OwnLanes),
+        ask("b", Request::Drain(0)),
+    ];
+    let kept = super::step::one_each(asks);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert_eq!(kept[0].request, Request::Drain(30));
 }

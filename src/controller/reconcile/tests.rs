@@ -319,6 +319,38 @@ mod whole {
     }
 
     #[tokio::test]
+    async fn a_measured_reconcile_asks_each_worker_once() {
+        // The load reads, what the workers are doing and what an earlier leader left in them all
+        // read the same answer: one `GET /metrics` per worker, on a due reconcile of a process
+        // new to the pool.
+        let cluster = growing_reserve(Fence::open()).await;
+        cluster.ctx.remember(PoolKey::of(&cluster.pool), |memory| {
+            memory.measured_at = None;
+        });
+        cluster.reconcile().await;
+        let asked: Vec<usize> = cluster
+            .workers
+            .values()
+            .map(|w| w.asked.load(Ordering::SeqCst))
+            .collect();
+        assert!(asked.iter().all(|&n| n == 1), "{asked:?}");
+        // Between measurements a pool at rest asks its workers nothing.
+        let cluster =
+            FakeCluster::start(pool("10m"), &replicas(2, 3), &replicas(2, 3), Fence::open()).await;
+        cluster.reconcile().await;
+        cluster.reconcile().await;
+        let asked: usize = cluster
+            .workers
+            .values()
+            .map(|w| w.asked.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(
+            asked, 5,
+            "only the first reconcile's read of what an earlier leader left"
+        );
+    }
+
+    #[tokio::test]
     async fn a_worker_that_refuses_its_drain_is_not_stopped_for_it_and_another_drains() {
         let cluster = growing_reserve(Fence::open()).await;
         cluster.reconcile().await;

@@ -27,6 +27,11 @@ const SHORTEST_DRAIN: Duration = Duration::from_secs(2);
 /// How much longer than its drain's timeout a worker holds off new jobs: the time from the
 /// shrink to its SIGTERM (the Deployment, ReplicaSet and kubelet steps), with room to spare.
 const LAPSE_MARGIN: Duration = Duration::from_secs(15);
+/// How long a drained worker's idle answer is trusted: half of [`LAPSE_MARGIN`], so the drain it
+/// answered still holds for as long again when the shrink it lets go is written. Answers come
+/// every [`DRAIN_RENEW`] at the latest while the reconciles keep up; after a stall (failed
+/// reconciles, a backlog) the worker is asked again before anything stops.
+pub(crate) const FRESH_ANSWER: Duration = Duration::from_millis(7_500);
 
 /// One Deployment's drain, remembered between reconciles. Times are since the process started.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -62,6 +67,9 @@ pub(crate) struct Drained {
     /// Its last answer said `lanepool_worker_busy 0`. False while its state is unknown (no
     /// answer yet, or its last request went unanswered): unknown is never idle.
     pub(crate) idle: bool,
+    /// When that answer came (`None`: none yet). An idle answer older than [`FRESH_ANSWER`] says
+    /// nothing of now: the drain it answered may have lapsed since.
+    pub(crate) answered: Option<Duration>,
 }
 
 /// How a drain's wait ended: its drained workers idle and still busy, and how long it waited.
@@ -123,6 +131,17 @@ impl Drain {
         request_seconds(left + LAPSE_MARGIN)
     }
 
+    /// Takes an idle answer older than [`FRESH_ANSWER`] at `now` for unknown: the shrink waits
+    /// for the answer to the request this reconcile renews.
+    pub(crate) fn forget_stale(&mut self, now: Duration) {
+        for drained in self.pods.values_mut() {
+            let fresh = drained
+                .answered
+                .is_some_and(|at| now.saturating_sub(at) <= FRESH_ANSWER);
+            drained.idle &= fresh;
+        }
+    }
+
     /// Forgets the drained workers that are gone: a drained Pod deleted meanwhile no longer holds
     /// the shrink.
     pub(crate) fn keep_live<'a>(&mut self, live: impl IntoIterator<Item = &'a str>) {
@@ -166,6 +185,7 @@ impl Drain {
             self.pods.entry(name).or_insert(Drained {
                 asked_at: now,
                 idle: false,
+                answered: None,
             });
         }
         self.started = true;
@@ -198,10 +218,13 @@ impl Drain {
     /// refused is not draining, is not asked again for this drain, and another worker is chosen
     /// in its place; one not heard from is not idle (it may have taken a job) and stays drained,
     /// asked again at the next reconcile.
-    pub(crate) fn answered(&mut self, answers: BTreeMap<String, DrainAnswer>) {
+    pub(crate) fn answered(&mut self, answers: BTreeMap<String, DrainAnswer>, now: Duration) {
         for (name, answer) in answers {
             match (answer, self.pods.get_mut(&name)) {
-                (DrainAnswer::Draining { busy }, Some(drained)) => drained.idle = !busy,
+                (DrainAnswer::Draining { busy }, Some(drained)) => {
+                    drained.idle = !busy;
+                    drained.answered = Some(now);
+                }
                 (DrainAnswer::Unreachable, Some(drained)) => drained.idle = false,
                 (DrainAnswer::Refused, Some(_)) => {
                     self.pods.remove(&name);
@@ -428,6 +451,7 @@ mod tests {
                     Drained {
                         asked_at: secs(100.0),
                         idle: false,
+                        answered: None,
                     },
                 ),
                 (
@@ -435,6 +459,7 @@ mod tests {
                     Drained {
                         asked_at: secs(104.0),
                         idle: true,
+                        answered: None,
                     },
                 ),
             ]),
@@ -469,6 +494,7 @@ mod tests {
                 Drained {
                     asked_at: secs(0.0),
                     idle: false,
+                    answered: None,
                 },
             )]),
             ..Default::default()
@@ -507,10 +533,13 @@ mod tests {
             [("a", 24), ("c", 24)]
         );
         // c drains and is busy, a does not take drain requests: only c holds the shrink.
-        drain.answered(BTreeMap::from([
-            ("a".to_string(), DrainAnswer::Refused),
-            ("c".to_string(), DrainAnswer::Draining { busy: true }),
-        ]));
+        drain.answered(
+            BTreeMap::from([
+                ("a".to_string(), DrainAnswer::Refused),
+                ("c".to_string(), DrainAnswer::Draining { busy: true }),
+            ]),
+            Duration::ZERO,
+        );
         assert!(drain.refused.contains("a") && !drain.pods.contains_key("a"));
         assert!(drain.holds(secs(11.0)));
         assert_eq!(drain.ended(secs(11.0)), None);
@@ -523,10 +552,10 @@ mod tests {
         let called_back = drain.start(&smaller, &pods, &[3.0], DEFAULT_DRAIN_TIMEOUT, secs(12.0));
         assert!(called_back.is_empty());
         assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["c"]);
-        drain.answered(BTreeMap::from([(
-            "c".to_string(),
-            DrainAnswer::Draining { busy: false },
-        )]));
+        drain.answered(
+            BTreeMap::from([("c".to_string(), DrainAnswer::Draining { busy: false })]),
+            Duration::ZERO,
+        );
         let ended = drain.ended(secs(13.0)).expect("c is idle");
         assert_eq!(
             (ended.idle, ended.still_busy, ended.waited),
@@ -555,10 +584,13 @@ mod tests {
         drain.start(&shrink, &pods, &[1.0], DEFAULT_DRAIN_TIMEOUT, secs(0.0));
         assert_eq!(drain.timeout, secs(3.0));
         // a answers idle; b's request times out (or the budget ran out): b may have a job.
-        drain.answered(BTreeMap::from([
-            ("a".to_string(), DrainAnswer::Draining { busy: false }),
-            ("b".to_string(), DrainAnswer::Unreachable),
-        ]));
+        drain.answered(
+            BTreeMap::from([
+                ("a".to_string(), DrainAnswer::Draining { busy: false }),
+                ("b".to_string(), DrainAnswer::Unreachable),
+            ]),
+            Duration::ZERO,
+        );
         assert!(drain.pods.contains_key("b"), "not dropped as a refusal");
         assert!(!drain.rechoose && drain.refused.is_empty());
         assert!(drain.holds(secs(1.0)));
@@ -578,13 +610,13 @@ mod tests {
         // b was idle after all (a job in hand that ended, an answer that got through).
         let an_idle_answer =
             BTreeMap::from([("b".to_string(), DrainAnswer::Draining { busy: false })]);
-        drain.answered(an_idle_answer);
+        drain.answered(an_idle_answer, Duration::ZERO);
         assert_eq!(drain.floor(&shrink, secs(5.0)), 2);
         // An idle worker that goes silent is not idle any more: it may have taken a job.
-        drain.answered(BTreeMap::from([(
-            "a".to_string(),
-            DrainAnswer::Unreachable,
-        )]));
+        drain.answered(
+            BTreeMap::from([("a".to_string(), DrainAnswer::Unreachable)]),
+            Duration::ZERO,
+        );
         assert_eq!(drain.floor(&shrink, secs(6.0)), 3);
     }
 
@@ -615,7 +647,10 @@ mod tests {
         assert_eq!(drain.floor(&shrink, secs(1.0)), 3);
         // "old" runs a worker that does not take drains (a 404): another is chosen, and until
         // it is, the shrink waits.
-        drain.answered(BTreeMap::from([("old".to_string(), DrainAnswer::Refused)]));
+        drain.answered(
+            BTreeMap::from([("old".to_string(), DrainAnswer::Refused)]),
+            Duration::ZERO,
+        );
         assert!(drain.starting(&shrink));
         assert_eq!(drain.floor(&shrink, secs(1.5)), 3);
         let drains = BTreeMap::from([("s".into(), drain.clone())]);
@@ -624,7 +659,10 @@ mod tests {
         assert_eq!(drain.pods.keys().collect::<Vec<_>>(), ["new"]);
         assert!(!drain.starting(&shrink));
         // With no worker that drains left, the shrink goes as ranked, as it always did.
-        drain.answered(BTreeMap::from([("new".to_string(), DrainAnswer::Refused)]));
+        drain.answered(
+            BTreeMap::from([("new".to_string(), DrainAnswer::Refused)]),
+            Duration::ZERO,
+        );
         assert_eq!(
             drain.floor(&shrink, secs(2.5)),
             3,

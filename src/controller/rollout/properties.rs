@@ -83,7 +83,7 @@ fn round(
         .filter(|(c, _)| asked.contains(c.name.as_str()))
         .map(|(c, a)| (c.name.clone(), a.unwrap_or(DrainAnswer::Unreachable)))
         .collect();
-    drain.answered(answers);
+    drain.answered(answers, Duration::ZERO);
 }
 
 proptest! {

@@ -81,17 +81,20 @@ mod tests {
             ["b", "c"],
             "the idle one, then the one nearest done"
         );
-        drain.answered(BTreeMap::from([
-            ("b".to_string(), DrainAnswer::Draining { busy: true }),
-            ("c".to_string(), DrainAnswer::Draining { busy: false }),
-        ]));
+        drain.answered(
+            BTreeMap::from([
+                ("b".to_string(), DrainAnswer::Draining { busy: true }),
+                ("c".to_string(), DrainAnswer::Draining { busy: false }),
+            ]),
+            Duration::ZERO,
+        );
         assert_eq!(gates_to_open(&shrink, &drain, 2, s(1)), 0, "b still busy");
         // Past the drain timeout a busy worker keeps its place: only the idle one's gate opens.
         assert_eq!(gates_to_open(&shrink, &drain, 2, s(10)), 1);
-        drain.answered(BTreeMap::from([(
-            "b".to_string(),
-            DrainAnswer::Draining { busy: false },
-        )]));
+        drain.answered(
+            BTreeMap::from([("b".to_string(), DrainAnswer::Draining { busy: false })]),
+            Duration::ZERO,
+        );
         assert_eq!(gates_to_open(&shrink, &drain, 2, s(11)), 2);
         // Never more than wait.
         assert_eq!(gates_to_open(&shrink, &drain, 1, s(11)), 1);
@@ -112,10 +115,13 @@ mod tests {
             s(120),
             s(0),
         );
-        drain.answered(BTreeMap::from([
-            ("a".to_string(), DrainAnswer::Refused),
-            ("b".to_string(), DrainAnswer::Refused),
-        ]));
+        drain.answered(
+            BTreeMap::from([
+                ("a".to_string(), DrainAnswer::Refused),
+                ("b".to_string(), DrainAnswer::Refused),
+            ]),
+            Duration::ZERO,
+        );
         // Both refused: another would be chosen in their place, but none is left.
         drain.start(&shrink, &[], &[], s(120), s(1));
         assert_eq!(gates_to_open(&shrink, &drain, 5, s(1)), 2);
@@ -128,10 +134,13 @@ mod tests {
             s(120),
             s(0),
         );
-        silent.answered(BTreeMap::from([
-            ("a".to_string(), DrainAnswer::Unreachable),
-            ("b".to_string(), DrainAnswer::Draining { busy: false }),
-        ]));
+        silent.answered(
+            BTreeMap::from([
+                ("a".to_string(), DrainAnswer::Unreachable),
+                ("b".to_string(), DrainAnswer::Draining { busy: false }),
+            ]),
+            Duration::ZERO,
+        );
         assert_eq!(
             gates_to_open(&shrink, &silent, 5, s(1)),
             0,

@@ -541,6 +541,7 @@ mod tests {
         let busy = drain::Drained {
             asked_at: secs(100),
             idle: false,
+            answered: None,
         };
         memory.steering.drains.insert(
             "jobs-shared".into(),

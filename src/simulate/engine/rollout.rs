@@ -133,7 +133,7 @@ impl Operator {
             .iter()
             .map(|ask| (ask.clone(), self.ask(pool, ask, at, &mut moved)))
             .collect();
-        plan::record(&mut self.steering, answers);
+        plan::record(&mut self.steering, answers, now);
         self.apply(pool, &effects.release.replicas, &mut moved);
         self.applied = effects.release.replicas;
         // A Deployment runs as many Pods as it was given: the budget holds (no worker lost, none
