@@ -206,9 +206,7 @@ impl Walk<'_> {
         let release = effects.release;
         deployments.apply(&release.replicas).await?;
         deployments.remove(&release.remove).await?;
-        for (type_, reason, note) in effects.events {
-            ctx.event(pool, type_, reason, note).await;
-        }
+        report::report_events(pool, ctx, effects.events).await;
         if pods.refused_credential.load(Ordering::Relaxed) {
             memory.credential.doubt();
         }

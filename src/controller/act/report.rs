@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::api::{LanePool, LanePoolStatus};
 use crate::controller::context::Context;
+use crate::controller::plan::Note;
 use crate::controller::rollout::grace::GRACE_PERIOD_TOO_SHORT;
 use crate::controller::rollout::{Held, WaitsFor};
 use crate::controller::settings::MANAGER;
@@ -130,6 +131,13 @@ pub(in crate::controller) async fn report_decision(
     let (_, written) = futures::join!(events, write_status(pool, ctx, old, new.clone()));
     written?;
     Ok(Some(new))
+}
+
+/// Writes the events the plan said (a drain or stand-in started).
+pub(in crate::controller) async fn report_events(pool: &LanePool, ctx: &Context, notes: Vec<Note>) {
+    for (type_, reason, note) in notes {
+        ctx.event(pool, type_, reason, note).await;
+    }
 }
 
 /// Between decisions: the last status this process wrote (`last`), with what runs now `shown`

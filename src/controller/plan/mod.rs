@@ -24,6 +24,6 @@ mod step;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use effects::{Answer, Ask, Effects, Records, Request, StandInAnswer};
+pub(crate) use effects::{Answer, Ask, Effects, Note, Records, Request, StandInAnswer};
 pub(crate) use seen::{Seen, Settings, Steering, in_motion};
 pub(crate) use step::{plan, record};

@@ -106,21 +106,45 @@ fn plan_shrink(
     (live, to): (i32, i32),
     steering: &mut Steering,
 ) -> Effects {
-    let pool = pool();
-    let deployments = BTreeMap::from([deployment(SHARED, live), deployment(RESERVED, 2)]);
     let work = reading(workers, busy);
-    let (target, applied) = (replicas(2, to), replicas(2, live));
+    let counts = Counts {
+        cached: live,
+        applied: live,
+        to,
+    };
+    plan_with(workers, &work, counts, steering, settings())
+}
+
+/// The shared Deployment's count as the watch cache has it, as this process last wrote it, and
+/// as decided.
+struct Counts {
+    cached: i32,
+    applied: i32,
+    to: i32,
+}
+
+/// One plan of the pool whose workers are doing `work`, its shared Deployment at `counts`.
+fn plan_with(
+    workers: &[Worker],
+    work: &Reading,
+    counts: Counts,
+    steering: &mut Steering,
+    settings: Settings,
+) -> Effects {
+    let pool = pool();
+    let deployments = BTreeMap::from([deployment(SHARED, counts.cached), deployment(RESERVED, 2)]);
+    let (target, applied) = (replicas(2, counts.to), replicas(2, counts.applied));
     let seen = Seen {
         pool: &pool,
         live: &deployments,
         workers,
-        work: Some(&work),
+        work: Some(work),
         inherited: None,
         target: &target,
         applied: Some(&applied),
         now: NOW,
     };
-    plan(&seen, steering, settings())
+    plan(&seen, steering, settings)
 }
 
 fn shared_workers(n: usize) -> Vec<Worker> {
@@ -357,28 +381,20 @@ fn an_hour_long_drain_timeout_asks_workers_for_no_more_than_the_protocols_hour()
     // Issue 50, item 1: with `--drain-timeout 1h` and a lane whose job time is not known, the
     // drain waits its whole limit; asking for the limit and the margin (3,615 s) would be
     // answered 400 (a refusal) by every worker, and the shrink would go on ranking alone.
-    let pool = pool();
     let workers = shared_workers(4);
-    let deployments = BTreeMap::from([deployment(SHARED, 4), deployment(RESERVED, 2)]);
     let mut work = reading(&workers, &["jobs-shared-1"]);
     work.job_seconds.clear();
-    let (target, applied) = (replicas(2, 3), replicas(2, 4));
-    let seen = Seen {
-        pool: &pool,
-        live: &deployments,
-        workers: &workers,
-        work: Some(&work),
-        inherited: None,
-        target: &target,
-        applied: Some(&applied),
-        now: NOW,
-    };
     let mut steering = Steering::default();
     let hour = Settings {
         drain_timeout: Duration::from_secs(3600),
         ..settings()
     };
-    let effects = plan(&seen, &mut steering, hour);
+    let counts = Counts {
+        cached: 4,
+        applied: 4,
+        to: 3,
+    };
+    let effects = plan_with(&workers, &work, counts, &mut steering, hour);
     assert_eq!(steering.drains[SHARED].timeout, Duration::from_secs(3600));
     let sent = drains_sent(&effects);
     assert_eq!(sent.len(), 1);
@@ -456,21 +472,14 @@ fn a_watch_cache_behind_the_shrinks_write_does_not_call_its_drained_worker_back(
     };
     let mut workers = shared_workers(4);
     workers[0] = worker(&victim, SHARED, Some(DRAINED_COST));
-    let pool = pool();
-    let stale = BTreeMap::from([deployment(SHARED, 4), deployment(RESERVED, 2)]);
-    let work = reading(&workers, &[]);
-    let (target, applied) = (replicas(2, 3), replicas(2, 3));
-    let seen = Seen {
-        pool: &pool,
-        live: &stale,
-        workers: &workers,
-        work: Some(&work),
-        inherited: None,
-        target: &target,
-        applied: Some(&applied),
-        now: NOW,
+    // The cache still shows 4; this process wrote 3.
+    let counts = Counts {
+        cached: 4,
+        applied: 3,
+        to: 3,
     };
-    let effects = plan(&seen, &mut steering, settings());
+    let work = reading(&workers, &[]);
+    let effects = plan_with(&workers, &work, counts, &mut steering, settings());
     let sent = drains_sent(&effects);
     assert!(sent.len() == 1 && sent[0].1 > 0, "renewed: {sent:?}");
     assert!(steering.shrunk.contains_key(SHARED));

@@ -42,6 +42,19 @@ mod whole {
         cluster
     }
 
+    /// Whether shared is written down to 3 within `rounds` reconciles.
+    async fn shrinks_within(cluster: &FakeCluster, rounds: usize) -> bool {
+        let mut shrunk = false;
+        for _ in 0..rounds {
+            cluster.reconcile().await;
+            shrunk |= cluster
+                .take_requests()
+                .iter()
+                .any(|r| r.applies(SHARED) == Some(3));
+        }
+        shrunk
+    }
+
     /// The token of the credential Secret the operator created in `requests`.
     fn created_token(requests: &[crate::controller::fake::Request]) -> Vec<String> {
         use base64::Engine;
@@ -275,15 +288,10 @@ mod whole {
         assert_eq!(drained.len(), 1, "{drained:?}");
         let drained = drained[0].clone();
         cluster.worker(&drained).busy.store(false, Ordering::SeqCst);
-        let mut shrunk = false;
-        for _ in 0..3 {
-            cluster.reconcile().await;
-            shrunk |= cluster
-                .take_requests()
-                .iter()
-                .any(|r| r.applies(SHARED) == Some(3));
-        }
-        assert!(shrunk, "shared shrinks once its drained worker is idle");
+        assert!(
+            shrinks_within(&cluster, 3).await,
+            "shared shrinks once its drained worker is idle"
+        );
         let asked =
             |cluster: &FakeCluster| cluster.worker(&drained).drains_asked.load(Ordering::SeqCst);
         let before = asked(&cluster);
@@ -390,15 +398,7 @@ mod whole {
 
         // The willing one is idle: it, and no refuser, goes first, and shared shrinks.
         cluster.worker(&willing).busy.store(false, Ordering::SeqCst);
-        let mut shrunk = false;
-        for _ in 0..3 {
-            cluster.reconcile().await;
-            shrunk |= cluster
-                .take_requests()
-                .iter()
-                .any(|r| r.applies(SHARED) == Some(3));
-        }
-        assert!(shrunk);
+        assert!(shrinks_within(&cluster, 3).await);
         let first: Vec<&String> = cluster
             .workers
             .keys()
