@@ -165,6 +165,7 @@ impl Walk<'_> {
             pods.workers(),
             &memory.target(),
             &memory.steering,
+            now,
         );
         let seen = self.observe(&start, &pods, &moving, memory).await?;
         // Plan: the decision when due, then the rollout, without I/O.

@@ -86,14 +86,17 @@ impl Seen<'_> {
 
 /// The Deployments whose workers observe reads for this reconcile's rollout: those whose count is
 /// to change or that no lane runs any more, those with workers of an older template or waiting
-/// for their gate, and those a drain, a stand-in or a written shrink follows. A pool at rest has
-/// none: its workers are asked only when it is measured.
+/// for their gate, and those a drain or a stand-in follows; but not one whose drain only waits
+/// for its busy workers (the answers to its renewals say how they are) nor one whose shrink is
+/// written (its drained workers' answers say it). A pool at rest has none: its workers are asked
+/// only when it is measured.
 pub(crate) fn in_motion(
     pool: &LanePool,
     live: &BTreeMap<String, Deployment>,
     workers: &[Worker],
     target: &Replicas,
     steering: &Steering,
+    now: Duration,
 ) -> BTreeSet<String> {
     let counts = counts_by_name(pool, Some(target));
     let moving = live
@@ -104,12 +107,22 @@ pub(crate) fn in_motion(
         .iter()
         .filter(|w| !w.newest || w.awaiting_takeover)
         .map(|w| w.deployment.clone());
-    let followed = [&steering.drains, &steering.shrunk, &steering.rollovers]
+    let followed = [&steering.drains, &steering.rollovers]
         .into_iter()
         .flat_map(BTreeMap::keys)
         .chain(steering.stand_ins.keys())
         .cloned();
-    moving.chain(rolling).chain(followed).collect()
+    let waits = |deployment: &String| {
+        [&steering.drains, &steering.rollovers]
+            .into_iter()
+            .filter_map(|drains| drains.get(deployment))
+            .any(|d| d.waits_for_busy(now))
+    };
+    moving
+        .chain(rolling)
+        .chain(followed)
+        .filter(|deployment| !waits(deployment))
+        .collect()
 }
 
 /// The workers of `live` as a drain or the stand-ins choose among them: ready or not, and their

@@ -363,15 +363,24 @@ fn a_pool_at_rest_has_no_deployment_in_motion() {
     let live = BTreeMap::from([deployment(SHARED, 8), deployment(RESERVED, 2)]);
     let workers = shared_workers(8);
     let steering = Steering::default();
-    assert!(in_motion(&pool, &live, &workers, &replicas(2, 8), &steering).is_empty());
+    assert!(in_motion(&pool, &live, &workers, &replicas(2, 8), &steering, NOW).is_empty());
     assert_eq!(
-        in_motion(&pool, &live, &workers, &replicas(3, 7), &steering),
+        in_motion(&pool, &live, &workers, &replicas(3, 7), &steering, NOW),
         BTreeSet::from([SHARED.to_string(), RESERVED.to_string()])
+    );
+    // A drain that only waits for its busy workers reads nothing: its renewals' answers say.
+    let waiting = Steering {
+        drains: BTreeMap::from([(SHARED.to_string(), drain_of(&[("jobs-shared-0", false)]))]),
+        ..Steering::default()
+    };
+    assert_eq!(
+        in_motion(&pool, &live, &workers, &replicas(3, 7), &waiting, NOW),
+        BTreeSet::from([RESERVED.to_string()])
     );
     let mut rolling = workers.clone();
     rolling[0].newest = false;
     assert_eq!(
-        in_motion(&pool, &live, &rolling, &replicas(2, 8), &steering),
+        in_motion(&pool, &live, &rolling, &replicas(2, 8), &steering, NOW),
         BTreeSet::from([SHARED.to_string()])
     );
 }

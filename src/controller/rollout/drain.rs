@@ -88,6 +88,12 @@ impl Drain {
             .any(|p| !p.idle && now.saturating_sub(p.asked_at) < self.timeout)
     }
 
+    /// Whether it only waits for busy drained workers within its timeout: chosen, none refused
+    /// since, every mark in place. Its next step needs no reading of what the workers do.
+    pub(crate) fn waits_for_busy(&self, now: Duration) -> bool {
+        self.started && self.holds(now) && !self.rechoose && !self.unread && !self.costs_unseen
+    }
+
     /// The drained workers not confirmed idle: busy, or not heard from.
     pub(crate) fn unconfirmed(&self) -> usize {
         self.pods.values().filter(|p| !p.idle).count()
