@@ -244,15 +244,22 @@ fn a_drain_answered_idle_shows_its_cost_then_shrinks_then_is_renewed_until_its_p
     assert!(steering.shrunk.is_empty());
 }
 
-#[test]
-fn a_drained_worker_the_replicaset_did_not_stop_is_called_back_and_loses_its_mark() {
+/// A shrink of shared written with its drained idle worker marked -1, not stopped yet: the
+/// worker's name, the steering that follows it, and the 4 workers.
+fn written_shrink() -> (String, Steering, Vec<Worker>) {
     let victim = format!("{SHARED}-0");
-    let mut steering = Steering {
+    let steering = Steering {
         shrunk: BTreeMap::from([(SHARED.to_string(), drain_of(&[(&victim, true)]))]),
         ..Steering::default()
     };
     let mut workers = shared_workers(4);
     workers[0] = worker(&victim, SHARED, Some(DRAINED_COST));
+    (victim, steering, workers)
+}
+
+#[test]
+fn a_drained_worker_the_replicaset_did_not_stop_is_called_back_and_loses_its_mark() {
+    let (victim, mut steering, mut workers) = written_shrink();
     // Another Pod went (deleted by hand): the Deployment runs what it is given, the drained one
     // is still there.
     workers.remove(3);
@@ -474,13 +481,7 @@ fn a_written_shrinks_worker_an_earlier_leader_drained_keeps_its_cost_until_it_an
 #[test]
 fn a_watch_cache_behind_the_shrinks_write_does_not_call_its_drained_worker_back() {
     // Review of issue 50: the reconcile right after the write may still see the old count.
-    let victim = format!("{SHARED}-0");
-    let mut steering = Steering {
-        shrunk: BTreeMap::from([(SHARED.to_string(), drain_of(&[(&victim, true)]))]),
-        ..Steering::default()
-    };
-    let mut workers = shared_workers(4);
-    workers[0] = worker(&victim, SHARED, Some(DRAINED_COST));
+    let (victim, mut steering, workers) = written_shrink();
     // The cache still shows 4; this process wrote 3.
     let counts = Counts {
         cached: 4,
@@ -490,7 +491,10 @@ fn a_watch_cache_behind_the_shrinks_write_does_not_call_its_drained_worker_back(
     let work = reading(&workers, &[]);
     let effects = plan_with(&workers, &work, counts, &mut steering, settings());
     let sent = drains_sent(&effects);
-    assert!(sent.len() == 1 && sent[0].1 > 0, "renewed: {sent:?}");
+    assert!(
+        sent.len() == 1 && sent[0].0 == victim && sent[0].1 > 0,
+        "renewed: {sent:?}"
+    );
     assert!(steering.shrunk.contains_key(SHARED));
 }
 
