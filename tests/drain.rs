@@ -587,17 +587,6 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
         shrunk.growth
     );
     // The workers that stood in are the ones drained and stopped.
-    let names = |note: &str| -> Vec<String> {
-        let mut names: Vec<String> = note
-            .rsplit(": ")
-            .next()
-            .unwrap_or_default()
-            .split(", ")
-            .map(str::to_string)
-            .collect();
-        names.sort();
-        names
-    };
     let stood_in = world.events("StandingIn").await;
     let drained = world.events("Draining").await;
     assert!(
@@ -608,7 +597,7 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
     );
     assert_eq!(stood_in.len(), 1, "{stood_in:?}");
     assert_eq!(drained.len(), 1, "{drained:?}");
-    assert_eq!(names(&stood_in[0]), names(&drained[0]));
+    assert_eq!(named(&stood_in[0]), named(&drained[0]));
     let left: Vec<String> = world
         .pods(SHARED)
         .await
@@ -616,7 +605,7 @@ async fn while_new_reserved_workers_start_the_shared_workers_they_replace_stand_
         .map(|p| p.metadata.name.clone().unwrap_or_default())
         .collect();
     assert!(
-        names(&stood_in[0]).iter().all(|n| !left.contains(n)),
+        named(&stood_in[0]).iter().all(|n| !left.contains(n)),
         "a worker that stood in is still running: {left:?}"
     );
 }
@@ -629,10 +618,7 @@ async fn leader_frozen_mid_drain(world: &World) -> (&Elected, Instant) {
     busy_pool(world).await;
     let raised = Instant::now();
     world.raise_reserve(3).await;
-    until(20, "the leader's drain", || async {
-        !world.events("Draining").await.is_empty()
-    })
-    .await;
+    drain_begins(world, 20).await;
     let leader = world.leader().await.expect("a leader holds the Lease");
     leader.signal(SIGSTOP);
     println!(
@@ -812,6 +798,14 @@ async fn an_hour_long_drain_timeout_drains_before_the_shrink_and_cuts_no_job_sho
     );
 }
 
+/// Waits at most `seconds` for the pool's first `Draining` event.
+async fn drain_begins(world: &World, seconds: u64) {
+    until(seconds, "the drain", || async {
+        !world.events("Draining").await.is_empty()
+    })
+    .await;
+}
+
 /// The Pod names a `Draining` or `StandingIn` note ends with.
 fn named(note: &str) -> BTreeSet<String> {
     note.rsplit(": ")
@@ -836,10 +830,7 @@ async fn a_busy_worker_that_fails_its_readiness_probe_is_not_stopped_in_place_of
     .await;
     busy_pool(&world).await;
     world.raise_reserve(3).await;
-    until(30, "the drain", || async {
-        !world.events("Draining").await.is_empty()
-    })
-    .await;
+    drain_begins(&world, 30).await;
     let drained = named(&world.events("Draining").await[0]);
     let flapping = world
         .pod_names(SHARED)
@@ -883,10 +874,7 @@ async fn a_shrink_the_controller_manager_carries_out_late_after_a_new_leader_cut
     world.raise_reserve(3).await;
     // The drain starts once the new reserved workers are ready: nothing needs the controller
     // manager from here to the shrink.
-    until(30, "the drain", || async {
-        !world.events("Draining").await.is_empty()
-    })
-    .await;
+    drain_begins(&world, 30).await;
     signal(manager, SIGSTOP);
     let frozen = Instant::now();
     until(30, "the shrink written", || async {

@@ -264,9 +264,7 @@ impl Walk<'_> {
                 true => reads::ask(&memory.worker_reads, pool, ctx, pods).await,
                 false => None,
             };
-            let whose = work::Whose {
-                deployments: (!start.due).then_some(moving),
-            };
+            let whose = (!start.due).then_some(moving);
             let reading = match start.due || !moving.is_empty() {
                 true => {
                     let (connection, job_seconds) =

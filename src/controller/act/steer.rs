@@ -3,6 +3,8 @@
 //! request to a worker (`POST /drain`, `POST /stand-in`) through `requests.rs`. Returns what each
 //! worker answered, for the plan's next reconcile (`plan::record`).
 
+use std::collections::HashMap;
+
 use kube::ResourceExt;
 
 use super::requests::PodPart;
@@ -24,24 +26,24 @@ pub(in crate::controller) async fn steer(
         pods.set_deletion_costs(effects.costs.clone()),
         set_takeovers(pods, &effects.gates),
     );
-    let by_name = |name: &str| pods.workers().iter().find(|w| w.name == name);
-    let asked: Vec<(&Ask, &Worker)> = effects
+    // One ask per Pod (the plan makes it so): an answer is found by its Pod's name.
+    let workers: HashMap<&str, &Worker> = pods
+        .workers()
+        .iter()
+        .map(|w| (w.name.as_str(), w))
+        .collect();
+    let requests = effects
         .asks
         .iter()
-        .filter_map(|ask| Some((ask, by_name(&ask.pod)?)))
+        .filter_map(|ask| Some((*workers.get(ask.pod.as_str())?, ask.request.path())))
         .collect();
-    let requests = asked
-        .iter()
-        .map(|(ask, worker)| (*worker, ask.request.path()))
-        .collect();
-    let mut answers = pods.post(requests).await;
+    let mut replies: HashMap<String, _> = pods.post(requests).await.into_iter().collect();
     let (namespace, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
     let mut answered = Vec::new();
-    for (ask, _) in asked {
-        let Some(at) = answers.iter().position(|(pod, _)| *pod == ask.pod) else {
+    for ask in &effects.asks {
+        let Some(reply) = replies.remove(&ask.pod) else {
             continue;
         };
-        let (_, reply) = answers.swap_remove(at);
         let answer = read(&ask.request, reply);
         match (&ask.records, answer) {
             (Records::Drain(_) | Records::Rollover(_), Answer::Drain(drain)) => {

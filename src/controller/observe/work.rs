@@ -17,24 +17,19 @@ use crate::controller::rollout::cost::{Reading, busy_pods};
 use crate::controller::worker::Worker;
 use crate::prometheus::Connection;
 
-/// Whose work to read: the workers of these Deployments (`None`: every worker of the pool).
-pub(in crate::controller) struct Whose<'a> {
-    pub(in crate::controller) deployments: Option<&'a BTreeSet<String>>,
-}
-
-/// What the chosen workers are doing: their own answers (asked once per reconcile, usually
+/// What the workers of `deployments` (`None`: every one of the pool) are doing: their own answers (asked once per reconcile, usually
 /// already), and Prometheus's busy gauges for those that gave none. Every lane's job time is
 /// `job_seconds`.
 pub(in crate::controller) async fn read(
     (pool, ctx, pods): (&LanePool, &Context, &PoolPods<'_>),
-    whose: Whose<'_>,
+    deployments: Option<&BTreeSet<String>>,
     connection: Option<&Connection>,
     job_seconds: &BTreeMap<String, f64>,
 ) -> Reading {
     let live: Vec<&Worker> = pods
         .workers()
         .iter()
-        .filter(|w| whose.deployments.is_none_or(|d| d.contains(&w.deployment)))
+        .filter(|w| deployments.is_none_or(|d| d.contains(&w.deployment)))
         .collect();
     let texts = pods.metrics_texts(&live).await;
     let (mut busy, mut started) = (Vec::new(), Vec::new());

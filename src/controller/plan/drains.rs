@@ -14,10 +14,9 @@ use tracing::{info, warn};
 use super::effects::{Ask, Effects, Records, Request};
 use super::rank;
 use super::seen::{Seen, Settings, Steering, candidates};
-use crate::controller::deployments::{counts_by_name, spec_replicas};
 use crate::controller::rollout::Shrink;
 use crate::controller::rollout::cost::{DRAINED_COST, IDLE_COST, Work};
-use crate::controller::rollout::drain::{self, Candidate, Drain, choose};
+use crate::controller::rollout::drain::{self, Drain, choose};
 use crate::controller::worker::Worker;
 use crate::duration::human_seconds;
 
@@ -177,18 +176,10 @@ fn busy_among_stopped(
     let Some(reading) = seen.work.filter(|_| stopping > 0) else {
         return Vec::new();
     };
-    let candidates: Vec<Candidate> = live
-        .iter()
-        .map(|w| Candidate {
-            name: w.name.clone(),
-            ready: w.ready,
-            cost: match idle.contains(&w.name) {
-                true => DRAINED_COST,
-                false => reading.cost(&w.name),
-            },
-            draining: false,
-        })
-        .collect();
+    let mut candidates = candidates(reading, live, |_| false);
+    for candidate in candidates.iter_mut().filter(|c| idle.contains(&c.name)) {
+        candidate.cost = DRAINED_COST;
+    }
     let by_name: BTreeMap<&str, &&Worker> = live.iter().map(|w| (w.name.as_str(), w)).collect();
     let may_work = |name: &String| match reading.work.get(name) {
         Some(Work::Busy { .. }) => true,
@@ -345,17 +336,7 @@ pub(super) fn follow_shrunk(
             continue;
         };
         drain.keep_live(live.iter().map(|w| w.name.as_str()));
-        // What it is given: the watch cache may not show this process's last write yet.
-        let written = counts_by_name(seen.pool, seen.applied)
-            .get(&deployment)
-            .copied();
-        let cached = seen.live.get(&deployment).and_then(spec_replicas);
-        let given = match (cached, written) {
-            (Some(cached), Some(written)) => Some(cached.min(written)),
-            (cached, written) => cached.or(written),
-        };
-        let count = i32::try_from(live.len()).unwrap_or(i32::MAX);
-        let stopping = given.is_some_and(|given| count > given);
+        let stopping = seen.runs_more_than_given(&deployment);
         if drain.pods.is_empty() || !stopping {
             if let Some(drain) = shrunk.remove(&deployment)
                 && !drain.pods.is_empty()

@@ -77,6 +77,22 @@ impl Seen<'_> {
             .collect()
     }
 
+    /// Whether `deployment` runs more live workers than it is given: a shrink written and not
+    /// carried out yet. What it is given is the lower of the watch cache's count and this
+    /// process's last write (the cache may not show that write yet).
+    pub(super) fn runs_more_than_given(&self, deployment: &str) -> bool {
+        let written = counts_by_name(self.pool, self.applied)
+            .get(deployment)
+            .copied();
+        let cached = self.live.get(deployment).and_then(spec_replicas);
+        let given = match (cached, written) {
+            (Some(cached), Some(written)) => Some(cached.min(written)),
+            (cached, written) => cached.or(written),
+        };
+        let count = i32::try_from(self.workers_of(deployment).len()).unwrap_or(i32::MAX);
+        given.is_some_and(|given| count > given)
+    }
+
     /// What `live` are doing, when their answers or Prometheus said anything of them.
     pub(super) fn work_of(&self, live: &[&Worker]) -> Option<&Reading> {
         self.work

@@ -8,7 +8,6 @@ use tracing::info;
 use super::effects::{Answer, Ask, Effects, Records, Request, StandInAnswer};
 use super::seen::{Seen, Settings, Steering};
 use super::{drains, gates, rank, stand_ins};
-use crate::controller::deployments::spec_replicas;
 use crate::controller::rollout::drain::DrainAnswer;
 use crate::controller::rollout::{self, Release};
 use crate::sizing::Replicas;
@@ -129,10 +128,8 @@ pub(super) fn one_each(asks: Vec<Ask>) -> Vec<Ask> {
 /// Whether `deployment`'s shrink is written and not yet carried out: it runs more live workers
 /// than it is given, all of its newest template (a rollover's surge runs more too).
 fn shrink_written(seen: &Seen<'_>, deployment: &str) -> bool {
-    let workers = seen.workers_of(deployment);
-    let given = seen.live.get(deployment).and_then(spec_replicas);
-    let live = i32::try_from(workers.len()).unwrap_or(i32::MAX);
-    workers.iter().all(|w| w.newest) && given.is_some_and(|given| live > given)
+    let newest = seen.workers_of(deployment).iter().all(|w| w.newest);
+    newest && seen.runs_more_than_given(deployment)
 }
 
 /// Records what the workers answered: the drains and stand-ins the requests were for go on from
