@@ -121,6 +121,7 @@ pub(super) fn drain_among(
     // ReplicaSet controller reads the same watch, two hops later (the Deployment's change
     // reaches its ReplicaSet first).
     drain.forget_stale(seen.now);
+    drain.turned_idle = false;
     let floor = drain.floor(shrink, seen.now);
     let idle = drain.idle();
     drain.costs_unseen = floor < shrink.live

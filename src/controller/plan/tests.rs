@@ -201,6 +201,9 @@ fn a_drain_answered_idle_shows_its_cost_then_shrinks_then_is_renewed_until_its_p
     let answer = Answer::Drain(DrainAnswer::Draining { busy: false });
     let answers = effects.asks.iter().map(|a| (a.clone(), answer)).collect();
     record(&mut steering, answers, NOW);
+    // The idle answer is acted on at the next reconcile, which comes soon.
+    let soon = steering.requeue(Duration::from_secs(120), NOW);
+    assert_eq!(soon, Some(drain::DRAIN_POLL));
     // The next marks it -1, still holding; the one after, with the mark in the cache, shrinks.
     let effects = plan_shrink(&workers, &busy, (4, 3), &mut steering);
     assert_eq!(effects.release.replicas.shared, 4);

@@ -55,6 +55,9 @@ pub(crate) struct Drain {
     pub(crate) costs_unseen: bool,
     /// Whether the end of the wait was logged.
     pub(crate) over: bool,
+    /// A drained worker answered idle since the plan last looked: the next reconcile acts on it,
+    /// so it comes soon (as a busy one's poll does), not at the drain's renewal.
+    pub(crate) turned_idle: bool,
     /// The drain of a rollover (`rollout/takeover.rs`): its workers make way for the new
     /// template's, not for a smaller Deployment.
     pub(crate) rollover: bool,
@@ -228,6 +231,7 @@ impl Drain {
         for (name, answer) in answers {
             match (answer, self.pods.get_mut(&name)) {
                 (DrainAnswer::Draining { busy }, Some(drained)) => {
+                    self.turned_idle |= !busy && !drained.idle;
                     drained.idle = !busy;
                     drained.answered = Some(now);
                 }
@@ -273,7 +277,7 @@ pub(crate) fn called_off(
 pub(crate) fn requeue(drains: &BTreeMap<String, Drain>, now: Duration) -> Option<Duration> {
     if drains
         .values()
-        .any(|d| d.holds(now) || d.costs_unseen || d.rechoose)
+        .any(|d| d.holds(now) || d.costs_unseen || d.rechoose || d.turned_idle)
     {
         Some(DRAIN_POLL)
     } else {
