@@ -348,6 +348,7 @@ pub fn base_scenario(
             profile,
             seed: world.seed,
             autoscale: None,
+            keda: None,
             window: 1_000_000_000,
         },
         shared_replicas,

@@ -480,3 +480,56 @@ fn the_suite_runs_in_the_world_its_pod_start_names() {
     let row = |table: &str| table.lines().nth(1).unwrap_or_default().to_string();
     assert_ne!(row(&usual), row(&fast), "the pod start changed nothing");
 }
+
+#[test]
+fn a_static_pool_pays_for_every_worker_the_whole_run_and_its_batch_work() {
+    let scenario = Scenario::guide(Arrangement::ReservedShared, 30.0);
+    let outcome = run(&scenario);
+    assert!(
+        (outcome.worker_seconds - 80.0).abs() < 1e-9,
+        "10 workers × 8 s"
+    );
+    // 8 shared workers on a backlog that never runs out, less their urgent jobs.
+    let batch = outcome.batch_busy_seconds;
+    assert!(batch > 60.0 && batch < 64.0, "{batch}");
+    assert_eq!(outcome.cut_short, 0);
+}
+
+#[test]
+fn keda_grows_the_urgent_deployment_at_an_hpa_sync_once_the_list_is_long() {
+    let line = "--versus keda --workers 10 --urgent-profile 0s=20,30s=200 --duration 60s \
+                --arrivals even --pod-start 5s --output json";
+    let json: serde_json::Value =
+        serde_json::from_str(&flags(line).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_default();
+    // 1 urgent worker (50/s) until the list is long at 45 s (the 30 s sync sees a list of a few
+    // jobs: ceil(n ÷ 5) = 1), then 5 more start by 50 s: the spike's jobs wait seconds.
+    let p99 = json["urgent"]["p99_ms"].as_f64().unwrap_or(0.0);
+    assert!(p99 > 5_000.0, "{json}");
+    let paid = json["pods"]["worker_seconds"].as_f64().unwrap_or(0.0);
+    // 1 urgent + 5 batch for 45 s, then up to 5 urgent: between 6 and 10 Pods.
+    assert!(paid > 6.0 * 60.0 && paid < 10.0 * 60.0, "{json}");
+}
+
+#[test]
+fn a_busy_worker_deleted_by_a_scale_down_is_cut_short_after_its_grace() {
+    // 3 batch workers (the batch maximum of 4 workers), 12 jobs: the list of 9 asks for 2 from
+    // the first sync on, and once the 300 s stabilization passes the ReplicaSet deletes one of
+    // three busy workers; its grace period (30 s) ends long before its job.
+    let run = |batch_ms: u32| {
+        let line = format!(
+            "--versus keda --workers 4 --keda-urgent-max 1 --urgent-profile 0s=1 \
+             --batch-ms {batch_ms} --backlog 12 --duration 800s --arrivals even --output json"
+        );
+        let json = flags(&line).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str::<serde_json::Value>(&json).unwrap_or_default()
+    };
+    let long = run(400_000);
+    assert!(
+        long["pods"]["cut_short"].as_u64().is_some_and(|n| n >= 1),
+        "{long}"
+    );
+    // Jobs shorter than the grace period finish.
+    let short = run(20_000);
+    assert_eq!(short["pods"]["cut_short"], 0, "{short}");
+    assert_eq!(short["batch"]["completed"], 12, "{short}");
+}

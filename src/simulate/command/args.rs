@@ -9,6 +9,7 @@ use clap::ValueEnum;
 use crate::duration;
 use crate::simulate::SimulateError;
 use crate::simulate::engine::arrivals::ArrivalKind;
+use crate::simulate::engine::keda::{Arm, Knobs};
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::scenario::{Arrangement, Autoscale, QUEUE_HANDOFF, Scenario, nanos};
 use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule};
@@ -25,6 +26,13 @@ pub enum ArrangementArg {
 pub enum ArrivalsArg {
     Even,
     Poisson,
+}
+
+/// An autoscaler to compare the default LanePool with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VersusArg {
+    /// KEDA's Redis list scaler behind the HPA.
+    Keda,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -150,6 +158,26 @@ pub struct SimulateArgs {
         value_name = "SHAPE,..."
     )]
     pub suite_shapes: Vec<String>,
+    /// With --suite: each shape and seed also under what a team runs without lanepool, KEDA
+    /// ScaledObjects on the lists' lengths behind the HPA, swept over its knobs: urgent wait p99
+    /// at normal load and at peaks, batch jobs done, worker-seconds and jobs cut short per arm.
+    /// Without --suite: this run's pool sized by KEDA instead of lanepool (the --keda-* flags):
+    /// urgent-only and batch-only Deployments, a ScaledObject each on its list's length.
+    #[arg(long, value_enum, value_name = "AUTOSCALER", conflicts_with_all = ["steady", "autoscale", "trade_off"])]
+    pub versus: Option<VersusArg>,
+    /// With --versus keda: the ScaledObjects' `listLength`, jobs waiting per replica.
+    #[arg(long, default_value_t = 5.0)]
+    pub keda_list_length: f64,
+    /// With --versus keda: the ScaledObjects' `pollingInterval`.
+    #[arg(long, default_value = "30s", value_parser = duration::flag)]
+    pub keda_polling: Duration,
+    /// With --versus keda: the ScaledObjects' `minReplicaCount`.
+    #[arg(long, default_value_t = 1)]
+    pub keda_min: u32,
+    /// With --versus keda: the urgent ScaledObject's `maxReplicaCount`; the batch one gets the
+    /// rest of --workers. Default: half of --workers.
+    #[arg(long)]
+    pub keda_urgent_max: Option<u32>,
     /// Print the guide's 4 × 2 table, our figures beside the guide's.
     #[arg(long)]
     pub guide_table: bool,
@@ -353,6 +381,46 @@ impl SimulateArgs {
                 )
             },
         )?;
+        let keda = match self.versus {
+            Some(VersusArg::Keda) => {
+                check(
+                    self.keda_list_length.is_finite() && self.keda_list_length > 0.0,
+                    "--keda-list-length",
+                    || format!("{} must be more than 0", self.keda_list_length),
+                )?;
+                check(!self.keda_polling.is_zero(), "--keda-polling", || {
+                    "must be more than 0".into()
+                })?;
+                let urgent_max = self.keda_urgent_max.unwrap_or(self.workers / 2);
+                check(
+                    (1..self.workers).contains(&urgent_max),
+                    "--keda-urgent-max",
+                    || {
+                        format!(
+                            "{urgent_max} must be from 1 to --workers − 1 ({}), leaving the batch Deployment one",
+                            self.workers.saturating_sub(1)
+                        )
+                    },
+                )?;
+                let knobs = Knobs {
+                    list_length: self.keda_list_length,
+                    polling: nanos(self.keda_polling),
+                    min: self.keda_min,
+                };
+                Some(Arm::two_lists(
+                    self.workers,
+                    urgent_max,
+                    knobs,
+                    nanos(self.pod_start),
+                ))
+            }
+            None => None,
+        };
+        let arrangement = if keda.is_some() {
+            Arrangement::Dedicated
+        } else {
+            arrangement
+        };
         Ok(Scenario {
             arrangement,
             workers: self.workers,
@@ -370,6 +438,7 @@ impl SimulateArgs {
             profile,
             seed: self.seed,
             autoscale,
+            keda,
             window: nanos(window),
         })
     }

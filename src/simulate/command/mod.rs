@@ -11,7 +11,7 @@ mod series;
 
 use crate::simulate::SimulateError;
 use crate::simulate::engine;
-use crate::simulate::studies::{bench, guide, held_out, steady, suite, tradeoff};
+use crate::simulate::studies::{bench, guide, held_out, steady, suite, tradeoff, versus};
 use args::{OutputArg, SimulateArgs};
 
 fn write(path: &Path, contents: &str) -> Result<(), SimulateError> {
@@ -82,6 +82,9 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             stand_ins: args.stand_ins,
             ..engine::autoscale::lanepool_defaults(args.workers)
         };
+        if args.versus.is_some() {
+            return Ok(versus::table(&set, suite::DURATION, &config));
+        }
         return Ok(suite::table(&set, suite::DURATION, &config));
     }
     if args.trade_off {

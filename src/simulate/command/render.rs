@@ -1,6 +1,6 @@
 //! How a run is shown: the JSON object scripts rely on (its shape is an interface: urgent
-//! submitted/completed/p50_ms/p99_ms, batch completed/throughput_per_s, and reserve for
-//! autoscaled runs) and the same figures as text for people.
+//! submitted/completed/p50_ms/p99_ms, batch completed/throughput_per_s, pods worker_seconds and
+//! cut_short over the whole run, and reserve for autoscaled runs) and the same figures as text for people.
 
 use serde::Serialize;
 
@@ -12,8 +12,16 @@ use crate::simulate::engine::scenario::{Nanos, Scenario};
 struct Json {
     urgent: UrgentJson,
     batch: BatchJson,
+    pods: PodsJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     reserve: Option<ReserveJson>,
+}
+
+/// What the Pods cost over the whole run, and the jobs their deletion cut short.
+#[derive(Serialize)]
+struct PodsJson {
+    worker_seconds: f64,
+    cut_short: u64,
 }
 
 #[derive(Serialize)]
@@ -55,6 +63,10 @@ pub fn json(outcome: &Outcome, from: Nanos) -> String {
             completed: s.batch_completed,
             throughput_per_s: round(s.batch_per_second),
         },
+        pods: PodsJson {
+            worker_seconds: round(outcome.worker_seconds),
+            cut_short: outcome.cut_short,
+        },
         reserve: outcome.autoscaled.then(|| ReserveJson {
             mean: round(outcome.mean_reserve(from, outcome.duration)),
             changes: outcome.reserve_changes_from(from),
@@ -80,9 +92,14 @@ pub fn text(scenario: &Scenario, outcome: &Outcome, from: Nanos) -> String {
     };
     let mut lines = vec![
         format!(
-            "{} workers, {}, {} s{counted}",
+            "{} workers, {}{}, {} s{counted}",
             scenario.workers,
             scenario.arrangement.name(),
+            if scenario.keda.is_some() {
+                " sized by KEDA"
+            } else {
+                ""
+            },
             trim(outcome.duration as f64 / 1e9)
         ),
         format!(
@@ -97,6 +114,15 @@ pub fn text(scenario: &Scenario, outcome: &Outcome, from: Nanos) -> String {
             trim(s.batch_per_second)
         ),
     ];
+    lines.push(format!(
+        "pods:   {} worker-seconds over the run (mean {}), {} jobs cut short",
+        trim(outcome.worker_seconds.round()),
+        trim(
+            (outcome.worker_seconds / (outcome.duration as f64 / 1e9).max(1e-9) * 100.0).round()
+                / 100.0
+        ),
+        outcome.cut_short
+    ));
     if outcome.autoscaled {
         lines.push(format!(
             "reserve: mean {}, {} changes",

@@ -10,9 +10,10 @@ use std::collections::{BTreeMap, BinaryHeap};
 use super::arrivals::Arrivals;
 use super::autoscale::Control;
 use super::autoscale::{BATCH_LANE, LANE};
+use super::keda::{self, Keda, Lengths};
 use super::observe::Counters;
 use super::outcome::{Outcome, WindowCounts};
-use super::pool::{Deployment, LaneKind, Lanes, Pool, State};
+use super::pool::{Costs, Deployment, LaneKind, Lanes, Moved, Pool, State};
 use super::rng::Pcg32;
 use super::rollout::Operator;
 use super::scenario::{Nanos, Preference, Scenario, seconds};
@@ -38,6 +39,11 @@ struct Engine<'a> {
     operator: Option<Operator>,
     /// When a drain brings the operator back.
     next_reconcile: Option<Nanos>,
+    /// KEDA and the HPA in the operator's place, and their next poll or sync.
+    keda: Option<Keda>,
+    next_keda: Option<Nanos>,
+    /// Up to when the Pods' lifetimes are counted.
+    paid_until: Nanos,
     observed: Counters,
     outcome: Outcome,
 }
@@ -58,11 +64,32 @@ impl<'a> Engine<'a> {
                 (scenario.backlog > 0).then(|| seconds(low / 2 + high / 2)),
             )
         });
-        let reserved_workers = control
-            .as_ref()
-            .map_or(scenario.reserved, |c| c.reserve.max(0) as u32);
+        let keda = scenario.keda.as_ref().map(|arm| {
+            let lengths = Lengths {
+                urgent: 0,
+                batch: scenario.backlog,
+            };
+            Keda::start(arm, lengths)
+        });
+        let replicas = |deployment| {
+            keda.as_ref().and_then(|k| {
+                k.replicas()
+                    .into_iter()
+                    .find(|(d, _, _)| *d == deployment)
+                    .map(|(_, role, count)| (role, count as u32))
+            })
+        };
+        let keda_reserved = replicas(Deployment::Reserved);
+        let keda_shared = replicas(Deployment::Shared);
+        let reserved_workers = match (&control, keda_reserved) {
+            (_, Some((_, count))) => count,
+            _ if keda.is_some() => 0,
+            (Some(c), None) => c.reserve.max(0) as u32,
+            (None, None) => scenario.reserved,
+        };
         let reserved = reserved_workers;
         let unreserved = match (&control, scenario.arrangement.reserves()) {
+            _ if keda.is_some() => keda_shared.map_or(0, |(_, count)| count),
             (Some(c), _) => c.shared.max(0) as u32,
             (None, true) => scenario.workers.saturating_sub(reserved),
             (None, false) => scenario.workers,
@@ -101,6 +128,9 @@ impl<'a> Engine<'a> {
             next_evaluation,
             operator,
             next_reconcile: None,
+            next_keda: keda.as_ref().map(|k| k.next_tick(0)),
+            keda,
+            paid_until: 0,
             observed: Counters::default(),
             outcome: Outcome {
                 duration: scenario.duration,
@@ -111,8 +141,14 @@ impl<'a> Engine<'a> {
                 ..Outcome::default()
             },
         };
-        let reserved = (Deployment::Reserved, Preference::UrgentOnly);
-        let shared = (Deployment::Shared, scenario.arrangement.unreserved_role());
+        let reserved = (
+            Deployment::Reserved,
+            keda_reserved.map_or(Preference::UrgentOnly, |(role, _)| role),
+        );
+        let shared = (
+            Deployment::Shared,
+            keda_shared.map_or(scenario.arrangement.unreserved_role(), |(role, _)| role),
+        );
         let workers = std::iter::repeat_n(reserved, reserved_workers as usize)
             .chain(std::iter::repeat_n(shared, unreserved as usize));
         for (deployment, role) in workers {
@@ -151,10 +187,14 @@ impl<'a> Engine<'a> {
                 .next_reconcile
                 .filter(|at| *at < self.scenario.duration);
             let arrival = self.next_arrival;
-            let first = [worker, evaluation, reconcile, arrival]
+            let autoscaler = self.next_keda.filter(|at| *at < self.scenario.duration);
+            let first = [worker, evaluation, reconcile, arrival, autoscaler]
                 .into_iter()
                 .flatten()
                 .min();
+            if let Some(at) = first {
+                self.pay_until(at);
+            }
             match first {
                 Some(at)
                     if worker == Some(at) && at <= self.scenario.duration + self.scenario.drain =>
@@ -165,11 +205,22 @@ impl<'a> Engine<'a> {
                 }
                 Some(at) if evaluation == Some(at) => self.evaluate(at),
                 Some(at) if reconcile == Some(at) => self.reconcile(at),
+                Some(at) if autoscaler == Some(at) => self.autoscale(at),
                 Some(at) if arrival == Some(at) => self.arrive(at),
                 _ => break,
             }
         }
+        self.pay_until(self.scenario.duration);
         self.outcome
+    }
+
+    /// Counts the Pods here from the last event to `at` (within the run).
+    fn pay_until(&mut self, at: Nanos) {
+        let at = at.min(self.scenario.duration);
+        if at > self.paid_until {
+            self.outcome.worker_seconds += self.pool.live() as f64 * seconds(at - self.paid_until);
+            self.paid_until = at;
+        }
     }
 
     fn arrive(&mut self, at: Nanos) {
@@ -187,14 +238,27 @@ impl<'a> Engine<'a> {
         let state = self.pool.workers[id].state;
         match state {
             State::Busy {
-                lane, submitted, ..
+                lane,
+                submitted,
+                started,
             } => {
+                if lane == LaneKind::Batch {
+                    let end = self.scenario.duration;
+                    self.outcome.batch_busy_seconds += seconds(at.min(end) - started.min(end));
+                }
+                let w = &self.pool.workers[id];
+                if w.leaving && w.deadline.is_some_and(|deadline| deadline < at) {
+                    // Killed at the end of its grace period, the job unfinished.
+                    self.outcome.cut_short += 1;
+                    self.pool.gone(id);
+                    return;
+                }
                 if lane == LaneKind::Urgent {
                     self.pool.workers[id].unread_urgent += 1;
                 }
                 self.finish(lane, submitted, at);
                 if self.pool.workers[id].leaving {
-                    self.pool.workers[id].state = State::Gone;
+                    self.pool.gone(id);
                 } else if self.scenario.handoff > 0 {
                     self.pool.workers[id].state = State::HandingOff;
                     self.schedule(at + self.scenario.handoff, id);
@@ -219,6 +283,7 @@ impl<'a> Engine<'a> {
         match lane {
             LaneKind::Urgent => {
                 self.outcome.urgent_latencies.push(at - submitted);
+                self.outcome.urgent_submissions.push(submitted);
                 self.window(at).urgent_completed += 1;
                 self.observed.finished(at, self.scenario.urgent_job);
             }
@@ -255,7 +320,42 @@ impl<'a> Engine<'a> {
     }
 
     fn pod_start(&self) -> Nanos {
-        self.control.as_ref().map_or(0, |c| c.config.pod_start)
+        match (&self.control, &self.scenario.keda) {
+            (Some(c), _) => c.config.pod_start,
+            (None, Some(arm)) => arm.pod_start,
+            (None, None) => 0,
+        }
+    }
+
+    /// KEDA's poll or the HPA's sync: each Deployment to its replicas, its ReplicaSet deleting
+    /// the surplus in its own order (no deletion cost is written).
+    fn autoscale(&mut self, at: Nanos) {
+        let (Some(keda), Some(arm)) = (self.keda.as_mut(), self.scenario.keda.as_ref()) else {
+            return;
+        };
+        let lengths = Lengths {
+            urgent: self.lanes.urgent.len() as u64,
+            batch: self.lanes.batch,
+        };
+        keda.tick(at, lengths);
+        self.next_keda = Some(keda.next_tick(at));
+        let mut moved = Moved::default();
+        let none = BTreeMap::new();
+        let costs = Costs { annotated: &none };
+        for (deployment, role, count) in keda.replicas() {
+            if deployment == Deployment::Reserved
+                && self.outcome.reserve_steps.last().map(|(_, r)| *r as usize) != Some(count)
+            {
+                self.outcome.reserve_steps.push((at, count as u32));
+            }
+            self.pool
+                .scale((deployment, role, count), &costs, &mut moved);
+        }
+        self.pool.grant_grace(at, arm.grace);
+        let ready = at + arm.pod_start;
+        for id in moved.starting {
+            self.schedule(ready, id);
+        }
     }
 
     fn evaluate(&mut self, at: Nanos) {
@@ -289,6 +389,8 @@ impl<'a> Engine<'a> {
         };
         let (moved, again) = operator.reconcile(&mut self.pool, at);
         self.next_reconcile = again;
+        // The worker template's grace period, as KEDA's arms get it.
+        self.pool.grant_grace(at, keda::GRACE);
         let taking = self.pool.taking();
         let fewest = self.outcome.fewest_taking.get_or_insert(taking);
         *fewest = (*fewest).min(taking);

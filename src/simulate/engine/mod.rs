@@ -6,6 +6,7 @@
 pub mod arrivals;
 pub mod autoscale;
 mod events;
+pub mod keda;
 pub mod observe;
 pub mod outcome;
 pub mod pool;

@@ -19,6 +19,14 @@ pub struct Outcome {
     pub urgent_submitted: u64,
     /// Submission to completion, in completion order.
     pub urgent_latencies: Vec<Nanos>,
+    /// When each of `urgent_latencies`' jobs was submitted, in the same order.
+    pub urgent_submissions: Vec<Nanos>,
+    /// Jobs still running when their worker's grace period ended after its Pod was deleted.
+    pub cut_short: u64,
+    /// The Pods' lifetimes over the run, in worker-seconds: what the cluster paid.
+    pub worker_seconds: f64,
+    /// Of those, the seconds workers spent on batch jobs.
+    pub batch_busy_seconds: f64,
     pub batch_completed: u64,
     pub windows: Vec<WindowCounts>,
     /// (from, reserve): the reserve in effect from each moment on.

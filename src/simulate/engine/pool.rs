@@ -53,6 +53,8 @@ pub struct Worker {
     pub drain_lapse: Nanos,
     /// Deleted while busy: it leaves once its job is done (its SIGTERM waits for the job).
     pub leaving: bool,
+    /// When a leaving worker's grace period ends: a job still running then is cut short.
+    pub deadline: Option<Nanos>,
     pub state: State,
     /// Urgent jobs finished since the operator last read this worker's count.
     pub unread_urgent: u32,
@@ -112,6 +114,8 @@ pub struct Pool {
     pub workers: Vec<Worker>,
     /// Idle workers that take jobs, by role; the most recently idle is woken first.
     idle: [Vec<usize>; Preference::COUNT],
+    /// Workers whose Pod is still here (not gone), leaving ones included: what a cluster pays.
+    live: usize,
 }
 
 impl Pool {
@@ -123,10 +127,34 @@ impl Pool {
             draining: false,
             drain_lapse: 0,
             leaving: false,
+            deadline: None,
             state,
             unread_urgent: 0,
         });
+        self.live += 1;
         self.workers.len() - 1
+    }
+
+    /// `worker`'s Pod is gone.
+    pub fn gone(&mut self, worker: usize) {
+        if self.workers[worker].state != State::Gone {
+            self.live -= 1;
+            self.workers[worker].state = State::Gone;
+        }
+    }
+
+    /// How many Pods are still here, busy leaving ones included.
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Busy workers deleted since the last call get their grace period from `at`.
+    pub fn grant_grace(&mut self, at: Nanos, grace: Nanos) {
+        for w in &mut self.workers {
+            if w.leaving && w.deadline.is_none() && w.state != State::Gone {
+                w.deadline = Some(at.saturating_add(grace));
+            }
+        }
     }
 
     /// `worker` has no job: it waits for one, unless it drains.
@@ -308,9 +336,9 @@ impl Pool {
             State::Busy { .. } => self.workers[worker].leaving = true,
             State::Idle => {
                 self.leave_idle(worker);
-                self.workers[worker].state = State::Gone;
+                self.gone(worker);
             }
-            _ => self.workers[worker].state = State::Gone,
+            _ => self.gone(worker),
         }
     }
 

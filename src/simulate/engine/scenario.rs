@@ -119,6 +119,8 @@ pub struct Scenario {
     pub profile: RateProfile,
     pub seed: u64,
     pub autoscale: Option<Autoscale>,
+    /// KEDA and the HPA sizing the Deployments instead of lanepool (`autoscale` is then unset).
+    pub keda: Option<super::keda::Arm>,
     /// Width of each time-series window.
     pub window: Nanos,
 }
@@ -169,6 +171,7 @@ impl Scenario {
             profile: RateProfile::constant(urgent_rate),
             seed: 1,
             autoscale: None,
+            keda: None,
             window: 1_000_000_000,
         }
     }

@@ -8,6 +8,7 @@ pub mod held_out;
 pub mod steady;
 pub mod suite;
 pub mod tradeoff;
+pub mod versus;
 
 /// `work` on every item, on every core, in the items' order.
 pub fn in_parallel<T: Sync, R: Send>(items: &[T], work: impl Fn(&T) -> R + Sync) -> Vec<R> {

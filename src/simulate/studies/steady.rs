@@ -74,6 +74,7 @@ impl Cell {
             profile: RateProfile::constant(self.rate()),
             seed,
             autoscale: Some(lanepool_defaults(self.workers)),
+            keda: None,
             window: nanos(WARM_UP),
         }
     }
