@@ -19,6 +19,9 @@
 # HOST/lanepool/<name>:<version> (plain HTTP only to 127.0.0.1 or localhost, as the tests start
 # one) and prints each digest; target/images/<name>.digest keeps it.
 #
+# LANEPOOL_IMAGES picks some of them (default: "lanepool lane-worker python-worker"); the Rust
+# binaries are built only for the first two, so LANEPOOL_IMAGES=python-worker needs no release build.
+#
 # Builder: buildah (as tests/setup.sh installs it), else podman, else a docker with a running
 # daemon; LANEPOOL_IMAGE_BUILDER=buildah|podman|docker picks one. LANEPOOL_IMAGE_TARGET picks the
 # Rust target (default: this machine's <arch>-unknown-linux-gnu; another needs its linker).
@@ -34,6 +37,14 @@ target=${LANEPOOL_IMAGE_TARGET:-$(uname -m)-unknown-linux-gnu}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 out=$root/target/images
 mkdir -p "$out"
+images=${LANEPOOL_IMAGES:-lanepool lane-worker python-worker}
+for image in $images; do
+  case $image in
+    lanepool | lane-worker | python-worker) ;;
+    *) echo "images: LANEPOOL_IMAGES: unknown image $image (lanepool, lane-worker, python-worker)" >&2; exit 2 ;;
+  esac
+done
+wanted() { [[ " $images " == *" $1 "* ]]; }
 
 builder=${LANEPOOL_IMAGE_BUILDER:-}
 if [ -z "$builder" ]; then
@@ -50,33 +61,35 @@ if [ -z "$builder" ]; then
   fi
 fi
 
-echo "images: building static binaries for $target (release; the first build takes minutes)..."
-# The target's own RUSTFLAGS: with --target, build scripts and proc macros are built without them.
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  CARGO_PROFILE_RELEASE_STRIP=symbols \
-  cargo build --quiet --release --locked --target "$target" --bin lanepool --example lane_worker
-bin_dir=$target_dir/$target/release
-for binary in "$bin_dir/lanepool" "$bin_dir/examples/lane_worker"; do
-  # A dynamic executable names its loader (PT_INTERP); a scratch image has none to load it.
-  if readelf --program-headers --wide "$binary" | grep -q INTERP; then
-    echo "images: $binary is not static" >&2
-    exit 1
-  fi
-done
-echo "images: binaries built in $((SECONDS - start)) s"
-
-# Build contexts: exactly the files each image holds.
 context=$out/context
 rm -rf "$context"
-mkdir -p "$context/lanepool" "$context/lane-worker"
-cp "$bin_dir/lanepool" "$context/lanepool/lanepool"
 ca_bundle=/etc/ssl/certs/ca-certificates.crt
 if [ ! -s "$ca_bundle" ]; then
   echo "images: $ca_bundle is missing: install ca-certificates" >&2
   exit 1
 fi
-cp "$ca_bundle" "$context/lanepool/ca-certificates.crt"
-cp "$bin_dir/examples/lane_worker" "$context/lane-worker/lane-worker"
+if wanted lanepool || wanted lane-worker; then
+  echo "images: building static binaries for $target (release; the first build takes minutes)..."
+  # The target's own RUSTFLAGS: with --target, build scripts and proc macros are built without them.
+  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+    CARGO_PROFILE_RELEASE_STRIP=symbols \
+    cargo build --quiet --release --locked --target "$target" --bin lanepool --example lane_worker
+  bin_dir=$target_dir/$target/release
+  for binary in "$bin_dir/lanepool" "$bin_dir/examples/lane_worker"; do
+    # A dynamic executable names its loader (PT_INTERP); a scratch image has none to load it.
+    if readelf --program-headers --wide "$binary" | grep -q INTERP; then
+      echo "images: $binary is not static" >&2
+      exit 1
+    fi
+  done
+  echo "images: binaries built in $((SECONDS - start)) s"
+
+  # Build contexts: exactly the files each image holds.
+  mkdir -p "$context/lanepool" "$context/lane-worker"
+  cp "$bin_dir/lanepool" "$context/lanepool/lanepool"
+  cp "$ca_bundle" "$context/lanepool/ca-certificates.crt"
+  cp "$bin_dir/examples/lane_worker" "$context/lane-worker/lane-worker"
+fi
 
 # The Python image's context: the package's sources, the demo's jobs, and the pins the Python
 # tests run against, less the test tools.
@@ -195,8 +208,12 @@ build_image() { # name [build option...]
       printf ", %d s\n", seconds }'
 }
 
-build_image lanepool
-build_image lane-worker
+if wanted lanepool; then build_image lanepool; fi
+if wanted lane-worker; then build_image lane-worker; fi
+if ! wanted python-worker; then
+  echo "images: built with $builder in $((SECONDS - start)) s"
+  exit 0
+fi
 python_base=$(python_base)
 # The RUN steps see this machine's CA bundle in place of the image's (Debian's pip reads that file):
 # pip then reaches PyPI through whatever this machine trusts, a proxy's CA included, and the

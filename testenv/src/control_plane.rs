@@ -51,6 +51,12 @@ pub const HPA_SYNC_PERIOD: Duration = Duration::from_secs(15);
 /// for every shrink, and the window only delays the shrink, it does not change its size.
 pub const HPA_DOWNSCALE_STABILIZATION: Duration = Duration::from_secs(30);
 
+/// KEDA started by [`ControlPlane::start_keda`]: its operator and metrics API server, stopped
+/// when dropped.
+pub struct Keda {
+    _processes: Vec<Process>,
+}
+
 /// A running etcd and kube-apiserver, and kube-controller-manager with [`Controllers::Pods`].
 pub struct ControlPlane {
     dir: PathBuf,
@@ -61,6 +67,8 @@ pub struct ControlPlane {
     api_server: (PathBuf, Vec<String>, Lifetime),
     url: String,
     kubeconfig: PathBuf,
+    /// Its certificates, for what starts beside it later ([`Self::start_keda`]).
+    certs: CertFiles,
     pub startup: Duration,
 }
 
@@ -154,6 +162,7 @@ impl ControlPlane {
             api_server: (apiserver_bin, args, lifetime),
             url,
             kubeconfig,
+            certs: certs.clone(),
             startup: Duration::ZERO,
         };
         if lifetime == Lifetime::Detached {
@@ -211,6 +220,25 @@ impl ControlPlane {
         }
         plane.startup = began.elapsed();
         Ok(plane)
+    }
+
+    /// Starts KEDA beside this control plane, as [`Controllers::Autoscalers`] does (its CRDs, its
+    /// operator and its metrics API server behind the aggregation layer), for a plane started
+    /// without it: the real node's. KEDA's processes stop when the returned value is dropped,
+    /// and die with this process.
+    pub async fn start_keda(&self) -> Result<Keda> {
+        let binaries = super::keda::Binaries::find()?;
+        let processes = super::keda::start(
+            &self.dir,
+            &self.kubeconfig,
+            &binaries,
+            &self.certs,
+            Lifetime::Process,
+        )
+        .await?;
+        Ok(Keda {
+            _processes: processes,
+        })
     }
 
     /// The API server's URL.

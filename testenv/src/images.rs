@@ -50,6 +50,31 @@ pub fn build_and_push_images(registry: &str) -> Result<PathBuf> {
     })
 }
 
+/// Runs images/build.sh for the Python workers' image alone (`LANEPOOL_IMAGES=python-worker`: no
+/// release build of the Rust binaries) and pushes it to `registry`; returns target/images/, which
+/// holds its archive and digest. For a test that runs no other image of the project.
+pub fn build_and_push_python_worker_image(registry: &str) -> Result<PathBuf> {
+    let mut build = Command::new(root().join("images/build.sh"));
+    build
+        .env("LANEPOOL_IMAGE_BUILDER", "buildah")
+        .env("LANEPOOL_IMAGES", "python-worker")
+        .env("LANEPOOL_IMAGE_PUSH", registry);
+    without_cargos_test_variables(&mut build);
+    let started = Instant::now();
+    let status = build.status().map_err(io("running images/build.sh"))?;
+    if !status.success() {
+        return Err(TestEnvError::Io {
+            what: "building the Python workers' image".into(),
+            source: std::io::Error::other(format!("images/build.sh failed ({status})")),
+        });
+    }
+    eprintln!(
+        "images/build.sh (python-worker) took {:.0?}",
+        started.elapsed()
+    );
+    Ok(root().join("target/images"))
+}
+
 /// Without the variables cargo set for a test (CARGO_PKG_*, CARGO_MANIFEST_DIR…): some build
 /// scripts rerun when they change, and the outer build would then be redone.
 pub fn without_cargos_test_variables(command: &mut Command) {

@@ -26,8 +26,8 @@ mod wait;
 mod worker_metrics;
 
 pub use control_plane::{
-    ControlPlane, Controllers, HPA_DOWNSCALE_STABILIZATION, HPA_SYNC_PERIOD, shared, shared_with,
-    unique_name,
+    ControlPlane, Controllers, HPA_DOWNSCALE_STABILIZATION, HPA_SYNC_PERIOD, Keda, shared,
+    shared_with, unique_name,
 };
 pub use error::{Result, TestEnvError};
 pub use examples::{LaneQueue, example, formula_pool};
@@ -35,7 +35,10 @@ pub use history::{
     DAY_CREATED, DAY_OUTAGE, DAY_PEAK, DAY_SPIKES, RecordedLane, Recording, day_urgent_rate,
     synthetic_day,
 };
-pub use images::{build_and_push_images, helm, push_chart, without_cargos_test_variables};
+pub use images::{
+    build_and_push_images, build_and_push_python_worker_image, helm, push_chart,
+    without_cargos_test_variables,
+};
 pub use kwok::{Kwok, POD_CIDR};
 pub use ledger::{FINISHED, Ledger, STARTED, SUBMITTED, now_unix, p99};
 pub use node::{NODE_POD_CIDR, TestNode, shared_node};
