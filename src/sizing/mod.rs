@@ -20,7 +20,7 @@ pub use queueing::{
     HANDOFF_SECONDS, SharedHelp, formula, latency_target, predicted_p99, predicted_wait_p99,
     predicted_wait_p99_helped, smallest_reserve, smallest_reserve_helped, wait_within_job_time,
 };
-pub use reads::{Baselines, LaneReads, WorkerCount, baselines, finished_since};
+pub use reads::{Baselines, LaneReads, WorkerCount, baselines, finished_since, went_unread};
 pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 
 #[cfg(test)]

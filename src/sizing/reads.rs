@@ -150,9 +150,9 @@ impl WorkerCount {
 
 /// What the workers finished per lane since `baselines`, summed over `answers`; `None` when the
 /// sum would miss some of it: a worker `expected` to answer (by name: another's answer never
-/// stands in for it) did not, or one answered that has no baseline and was running before. A count that went down is a restarted counter: its whole
-/// value is new (as Prometheus's `rate()` reads a reset). A worker gone since the last read takes
-/// what it finished after it with it; the sum is then a little low, never high.
+/// stands in for it) did not, or one answered that has no baseline and was running before. A
+/// count that went down is a restarted counter: its whole value is new (as Prometheus's
+/// `rate()` reads a reset). A worker gone since the last read is [`went_unread`]'s to tell.
 pub fn finished_since(
     baselines: &Baselines,
     answers: &[WorkerCount],
@@ -173,6 +173,16 @@ pub fn finished_since(
         }
     }
     complete.then_some(finished)
+}
+
+/// Whether a worker the last read counted gave no answer now (its Pod gone or going): whatever
+/// it finished since that read went with it, and a sum without it is a rate low by its share.
+/// After a spike that was a reserve shrunk on a recent rate of 5.8/s while 14/s arrived; such a
+/// read is no rate, as one missing a ready worker is not.
+pub fn went_unread(baselines: &Baselines, answers: &[WorkerCount]) -> bool {
+    baselines
+        .keys()
+        .any(|name| !answers.iter().any(|a| a.worker == *name))
 }
 
 /// The baselines the next read compares with: every worker that answered now.
@@ -344,5 +354,28 @@ mod tests {
             finished_since(&base, &with_b, &both).and_then(|f| f.get("urgent").copied()),
             Some(15.0)
         );
+    }
+
+    #[test]
+    fn a_read_without_a_worker_read_last_time_is_not_a_rate() {
+        // b answered the last read, then its Pod went (a shrink, a rollover): no one expects it
+        // now, yet what it finished since that read is not in a's count.
+        let base = baselines(&[answer("a", false, 10.0), answer("b", false, 10.0)]);
+        let only_a = [answer("a", false, 20.0)];
+        assert!(went_unread(&base, &only_a));
+        // A new worker answering beside a does not stand in for b.
+        assert!(went_unread(
+            &base,
+            &[answer("a", false, 20.0), answer("c", true, 4.0)]
+        ));
+        assert!(!went_unread(
+            &base,
+            &[answer("b", false, 11.0), answer("a", false, 20.0)]
+        ));
+        // The next read counts again, from a's answer.
+        assert!(!went_unread(
+            &baselines(&only_a),
+            &[answer("a", false, 26.0)]
+        ));
     }
 }

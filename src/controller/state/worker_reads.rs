@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::sizing::{Baselines, LaneReads, Loads, WorkerCount, baselines, finished_since};
+use crate::sizing::{
+    Baselines, LaneReads, Loads, WorkerCount, baselines, finished_since, went_unread,
+};
 
 /// What a pool remembers of its reads between evaluations.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -101,10 +103,9 @@ impl WorkerReads {
                 .collect(),
             None => answers.clone(),
         };
-        if let (Some((since, _)), Some(finished)) = (
-            self.last,
-            finished_since(&self.baselines, &plausible, &expected),
-        ) {
+        let complete = finished_since(&self.baselines, &plausible, &expected)
+            .filter(|_| !went_unread(&self.baselines, &answers));
+        if let (Some((since, _)), Some(finished)) = (self.last, complete) {
             for lane in lanes {
                 let count = finished.get(&lane).copied().unwrap_or(0.0);
                 self.lanes
@@ -270,5 +271,33 @@ mod tests {
             Some(30.0),
             "a's 150 in 5 s only"
         );
+    }
+
+    #[test]
+    fn a_read_after_a_worker_went_is_no_rate_and_the_next_one_is() {
+        let job = BTreeMap::from([("urgent".to_string(), 0.020)]);
+        let mut reads = WorkerReads::default();
+        let both = ["a", "b"];
+        reads.record(
+            answers(5 * S, &[("a", 0.0), ("b", 0.0)], &both),
+            &job,
+            60 * S,
+        );
+        reads.record(
+            answers(10 * S, &[("a", 50.0), ("b", 50.0)], &both),
+            &job,
+            60 * S,
+        );
+        // b's Pod went after the read at 10 s, with whatever it finished since: a's 50 alone
+        // would say 10/s where 20/s arrive.
+        let only_a = ["a"];
+        reads.record(answers(15 * S, &[("a", 100.0)], &only_a), &job, 60 * S);
+        assert_eq!(applied(&reads), prometheus_says(), "no rate without b");
+        reads.record(answers(20 * S, &[("a", 200.0)], &only_a), &job, 60 * S);
+        let recent = applied(&reads)["urgent"]
+            .as_ref()
+            .ok()
+            .and_then(|l| l.recent_arrival_rate);
+        assert_eq!(recent.map(|r| r.per_second), Some(20.0), "a's 100 in 5 s");
     }
 }

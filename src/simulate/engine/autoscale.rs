@@ -59,16 +59,17 @@ impl Control {
     }
 
     /// One evaluation at `now`, with the urgent jobs the workers finished since the last read
-    /// when the operator reads them; returns the reserve to run from now on.
+    /// when the operator reads them (`Some(None)`: a read that could not count every worker,
+    /// which sets the next read's start and is no rate); returns the reserve to run from now on.
     pub fn evaluate(
         &mut self,
         now: Nanos,
         observed: &Counters,
-        read: Option<u64>,
+        read: Option<Option<u64>>,
         fallback_job: f64,
     ) -> i32 {
-        if let Some(finished) = read {
-            if let Some(since) = self.last_read {
+        if let Some(read) = read {
+            if let (Some(since), Some(finished)) = (self.last_read, read) {
                 self.reads.record(
                     Duration::from_nanos(since),
                     Duration::from_nanos(now),

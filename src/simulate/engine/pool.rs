@@ -58,6 +58,8 @@ pub struct Worker {
     pub state: State,
     /// Urgent jobs finished since the operator last read this worker's count.
     pub unread_urgent: u32,
+    /// Whether the operator's last read counted this worker.
+    pub read: bool,
 }
 
 impl Worker {
@@ -130,6 +132,7 @@ impl Pool {
             deadline: None,
             state,
             unread_urgent: 0,
+            read: false,
         });
         self.live += 1;
         self.workers.len() - 1
@@ -343,19 +346,22 @@ impl Pool {
     }
 
     /// The urgent jobs every worker still here finished since the last read, which this read
-    /// takes; a departed worker's are lost with it, as a Pod's counter is.
-    pub fn read_urgent_finished(&mut self) -> u64 {
-        self.workers
-            .iter_mut()
-            .map(|w| {
-                let unread = std::mem::take(&mut w.unread_urgent);
-                if w.state == State::Gone {
-                    0
-                } else {
-                    u64::from(unread)
-                }
-            })
-            .sum()
+    /// takes; `None` when a worker the last read counted is gone: what it finished since went
+    /// with its Pod, and the operator does not take a sum without it for a rate.
+    pub fn read_urgent_finished(&mut self) -> Option<u64> {
+        let mut complete = true;
+        let mut finished = 0;
+        for w in &mut self.workers {
+            let unread = std::mem::take(&mut w.unread_urgent);
+            if w.state == State::Gone {
+                complete &= !w.read;
+                w.read = false;
+            } else {
+                finished += u64::from(unread);
+                w.read = true;
+            }
+        }
+        complete.then_some(finished)
     }
 }
 
