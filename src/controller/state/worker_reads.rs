@@ -21,9 +21,11 @@ pub(in crate::controller) struct WorkerReads {
     last: Option<(Duration, Timestamp)>,
     lanes: BTreeMap<String, LaneReads>,
     /// When this evaluation's read was recorded; `None` when it was not (the workers could not
-    /// be listed, none answered, one did not): then nothing of the reads is current, and
-    /// Prometheus decides. Never the last read standing in for this one.
+    /// be listed, none answered, one did not, one read last time is gone).
     current: Option<Duration>,
+    /// When the last read that was a rate was recorded: it stands in for one that is not while
+    /// it is younger than Prometheus's recent rate would be (see [`Self::apply_to`]).
+    last_rate: Option<Duration>,
     /// The workers whose implausible claims were logged (once each), among those last read.
     logged: BTreeSet<String>,
 }
@@ -114,6 +116,7 @@ impl WorkerReads {
                     .record(since, at, count, window);
             }
             self.current = Some(at);
+            self.last_rate = Some(at);
         }
         // Every answer is the next read's baseline, a dropped claim too: a worker that jumped
         // once is read again from there; one that keeps inflating is dropped every time.
@@ -125,9 +128,22 @@ impl WorkerReads {
     }
 
     /// Gives each lane the rates this evaluation's read supports (see
-    /// [`LaneReads::applied_to`]); without one, every lane keeps Prometheus's.
-    pub(in crate::controller) fn apply_to(&self, loads: &mut Loads, window: Duration) {
-        let Some(at) = self.current else {
+    /// [`LaneReads::applied_to`]). Without one, the last read that was a rate stands in while it
+    /// is younger than `prometheus_lag` (a scrape interval): Prometheus's recent rate spans the
+    /// last scrape interval and is up to one old, so it says less of now. On real RQ workers a
+    /// spike's reserve fell 4 → 3 mid-spike on Prometheus's 14.7/s while the last read, 5 s
+    /// old, said 48/s, and grew 4 → 6 after the spike on its 47/s. Older than that, every lane
+    /// keeps Prometheus's.
+    pub(in crate::controller) fn apply_to(
+        &self,
+        loads: &mut Loads,
+        window: Duration,
+        (now, prometheus_lag): (Duration, Duration),
+    ) {
+        let standing_in = self
+            .last_rate
+            .filter(|at| now.saturating_sub(*at) < prometheus_lag);
+        let Some(at) = self.current.or(standing_in) else {
             return;
         };
         for (lane, reads) in &self.lanes {
@@ -172,9 +188,16 @@ mod tests {
         )])
     }
 
+    /// The loads at the last read's time, or 1 s after `reads.record(None, ..)`'s.
     fn applied(reads: &WorkerReads) -> Loads {
+        let now = reads.last.map_or(Duration::ZERO, |(at, _)| at) + S;
+        applied_at(reads, now)
+    }
+
+    /// The loads at `now`, Prometheus's recent rate spanning 15 s.
+    fn applied_at(reads: &WorkerReads, now: Duration) -> Loads {
         let mut loads = prometheus_says();
-        reads.apply_to(&mut loads, 60 * S);
+        reads.apply_to(&mut loads, 60 * S, (now, 15 * S));
         loads
     }
 
@@ -198,22 +221,24 @@ mod tests {
                 .map(|r| r.per_second)
         };
         assert_eq!(recent(&fresh), Some(150.0), "750 jobs in 5 s");
-        // The Pod list failed, or no worker answered: the read at 10 s is not this one.
+        // The Pod list failed, or no worker answered: the read at 10 s stands in for this one
+        // while it is fresher than Prometheus's recent rate, and no longer.
         reads.record(None, &job, 60 * S);
-        assert_eq!(applied(&reads), prometheus_says());
+        assert_eq!(recent(&applied_at(&reads, 24 * S)), Some(150.0));
+        assert_eq!(applied_at(&reads, 25 * S), prometheus_says());
         // A read that misses a ready worker, by name, is no rate either.
-        reads.record(answers(20 * S, &[("a", 2000.0)], &["a", "b"]), &job, 60 * S);
+        reads.record(answers(26 * S, &[("a", 2000.0)], &["a", "b"]), &job, 60 * S);
         assert_eq!(applied(&reads), prometheus_says());
         // b answers for the first time, running before: a baseline only, still no rate.
         reads.record(
-            answers(25 * S, &[("a", 2100.0), ("b", 0.0)], &["a", "b"]),
+            answers(31 * S, &[("a", 2100.0), ("b", 0.0)], &["a", "b"]),
             &job,
             60 * S,
         );
         assert_eq!(applied(&reads), prometheus_says());
         // The next complete read is current again: a's 100 and b's 5 in 5 s.
         reads.record(
-            answers(30 * S, &[("a", 2200.0), ("b", 5.0)], &["a", "b"]),
+            answers(36 * S, &[("a", 2200.0), ("b", 5.0)], &["a", "b"]),
             &job,
             60 * S,
         );
@@ -292,12 +317,21 @@ mod tests {
         // would say 10/s where 20/s arrive.
         let only_a = ["a"];
         reads.record(answers(15 * S, &[("a", 100.0)], &only_a), &job, 60 * S);
-        assert_eq!(applied(&reads), prometheus_says(), "no rate without b");
+        let recent = |loads: Loads| {
+            let load = loads["urgent"].as_ref().ok().copied();
+            load.and_then(|l| l.recent_arrival_rate)
+                .map(|r| (r.per_second, r.window))
+        };
+        assert_eq!(
+            recent(applied_at(&reads, 15 * S)),
+            Some((20.0, 5 * S)),
+            "no rate without b: the read at 10 s stands in, not a's 10/s"
+        );
         reads.record(answers(20 * S, &[("a", 200.0)], &only_a), &job, 60 * S);
-        let recent = applied(&reads)["urgent"]
-            .as_ref()
-            .ok()
-            .and_then(|l| l.recent_arrival_rate);
-        assert_eq!(recent.map(|r| r.per_second), Some(20.0), "a's 100 in 5 s");
+        assert_eq!(
+            recent(applied_at(&reads, 20 * S)),
+            Some((20.0, 5 * S)),
+            "a's 100 in 5 s"
+        );
     }
 }

@@ -312,10 +312,10 @@ impl Keda {
             if active {
                 scaler.last_active = at;
             }
-            if at % scaler.object.polling.max(1) == 0 {
+            if at.is_multiple_of(scaler.object.polling.max(1)) {
                 scaler.poll(at, active);
             }
-            if at % HPA_SYNC == 0 {
+            if at.is_multiple_of(HPA_SYNC) {
                 scaler.sync(at, &lists);
             }
         }

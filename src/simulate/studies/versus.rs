@@ -23,13 +23,12 @@ use crate::simulate::engine::scenario::{Arrangement, Autoscale, Nanos, Scenario,
 const SECOND: Nanos = 1_000_000_000;
 
 /// KEDA's knobs swept for a pool of `workers`: `listLength` 1, 2, 5, 10; `pollingInterval` 5 s
-/// and 30 s; `minReplicaCount` 0 and 1, and floors of a fifth and three tenths of the pool (2 and
-/// 3 of 10 workers), which keep urgent workers up through a quiet spell as a static reserve
-/// would.
+/// and 30 s; `minReplicaCount` 0 and 1, and floors of a fifth, three tenths, two fifths and half
+/// the pool (2, 3, 4 and 5 of 10 workers), which keep urgent workers up through a quiet spell as
+/// a static reserve would; at half the pool the urgent Deployment is a fixed reserve at its
+/// maximum.
 pub fn sweep(workers: u32) -> Vec<Knobs> {
-    let mut mins = vec![0, 1, workers / 5, workers * 3 / 10];
-    mins.sort_unstable();
-    mins.dedup();
+    let mins = floors(workers);
     let mut knobs = Vec::new();
     for list_length in [1.0, 2.0, 5.0, 10.0] {
         for polling in [5 * SECOND, 30 * SECOND] {
@@ -43,6 +42,21 @@ pub fn sweep(workers: u32) -> Vec<Knobs> {
         }
     }
     knobs
+}
+
+/// The `minReplicaCount`s swept, without repeats.
+fn floors(workers: u32) -> Vec<u32> {
+    let mut mins = vec![
+        0,
+        1,
+        workers / 5,
+        workers * 3 / 10,
+        workers * 2 / 5,
+        workers / 2,
+    ];
+    mins.sort_unstable();
+    mins.dedup();
+    mins
 }
 
 /// One arm's figures on one run.
@@ -256,7 +270,7 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
         "wait: urgent wait p99 ÷ urgent job time, at normal load / at peaks; cost: mean workers not on a batch job; paid: mean Pods".to_string(),
         "KEDA@wait: the cost of KEDA's cheapest setting whose wait p99 is no longer than lanepool's; KEDA@cost: the shortest wait p99 (whole run) of a KEDA setting that costs no more".to_string(),
         format!(
-            "{:<11} | {:>11} {:>5} {:>5} {:>7} | {:>13} {:>5} {:>5} {:>7} | {:>11} | {:>9} {:>9}",
+            "{:<11} | {:>11} {:>5} {:>5} {:>7} | {:>13} {:>5} {:>5} {:>7} | {:>11} {:>5} | {:>9} {:>9}",
             "profile",
             "lanepool",
             "cost",
@@ -267,6 +281,7 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
             "paid",
             "batch/s",
             "KEDA strict",
+            "cost",
             "KEDA@wait",
             "KEDA@cost",
         ),
@@ -293,7 +308,7 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
             }
         };
         lines.push(format!(
-            "{:<11} | {:>11} {:>5.2} {:>5.2} {:>7.1} | {:>13} {:>5.2} {:>5.2} {:>7.1} | {:>11} | {:>9} {:>9}",
+            "{:<11} | {:>11} {:>5.2} {:>5.2} {:>7.1} | {:>13} {:>5.2} {:>5.2} {:>7.1} | {:>11} {:>5.2} | {:>9} {:>9}",
             shape.name,
             waits(&lanepool),
             mean(lanepool.iter().map(|f| f.cost)),
@@ -304,6 +319,7 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
             mean(default.iter().map(|f| f.workers)),
             mean(default.iter().map(|f| f.batch_per_second)),
             waits(&strict),
+            mean(strict.iter().map(|f| f.cost)),
             matched(&at_wait, |f| f.cost),
             matched(&at_cost, |f| f.wait_p99),
         ));
@@ -336,12 +352,11 @@ pub fn table(set: &Set, duration: Duration, config: &Autoscale) -> String {
         set.workers,
         trim(seconds(config.pod_start)) + " s",
         set.workers / 2,
-        {
-            let mut mins: Vec<String> =
-                sweep(set.workers).iter().map(|k| k.min.to_string()).collect();
-            mins.dedup();
-            mins.join(", ")
-        },
+        floors(set.workers)
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         cases.len(),
         if worst.is_finite() {
             format!("{worst:+.2}")
@@ -371,10 +386,10 @@ mod tests {
     #[test]
     fn the_sweep_starts_from_kedas_defaults_reach_and_covers_the_floors() {
         let knobs = sweep(10);
-        assert_eq!(knobs.len(), 4 * 2 * 4);
+        assert_eq!(knobs.len(), 4 * 2 * 6);
         assert!(knobs.contains(&Knobs::DEFAULT));
         let mins: std::collections::BTreeSet<u32> = knobs.iter().map(|k| k.min).collect();
-        assert_eq!(mins.into_iter().collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(mins.into_iter().collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
         // A pool of 2 has no distinct floors: 0 and 1 only, no repeats.
         assert_eq!(sweep(2).len(), 4 * 2 * 2);
     }
