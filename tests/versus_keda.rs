@@ -582,18 +582,6 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         .count();
 
     let pods_seen: Vec<Pod> = pods.lock().unwrap().values().cloned().collect();
-    let worker_seconds = pods_seen
-        .iter()
-        .filter_map(|pod| {
-            let started = unix(pod.status.as_ref()?.start_time.as_ref()?);
-            let ended = pod
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map_or(run_end_s, unix);
-            Some((ended.min(run_end_s) - started.max(first)).max(0.0))
-        })
-        .sum();
     let lifetimes: Vec<(f64, f64)> = pods_seen
         .iter()
         .filter_map(|pod| {
@@ -606,6 +594,11 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
             Some((started, ended))
         })
         .collect();
+    // Each Pod's start to its deletion, or the run's end, within the run.
+    let worker_seconds = lifetimes
+        .iter()
+        .map(|&(started, ended)| (ended.min(run_end_s) - started.max(first)).max(0.0))
+        .sum();
     let most_at_once = lifetimes
         .iter()
         .map(|&(at, _)| {

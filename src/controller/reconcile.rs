@@ -291,8 +291,9 @@ impl Walk<'_> {
         })
     }
 
-    /// Decides from this evaluation's measurement (the workers' counts applied; without one
-    /// Prometheus decides), every lane's job time remembered for the drains and the ranking.
+    /// Decides from this evaluation's measurement (the workers' counts applied; without a read
+    /// that is a rate, the last one for a scrape interval, then Prometheus's), every lane's job
+    /// time remembered for the drains and the ranking.
     fn decide(
         &self,
         sizing: &PoolSizing,

@@ -3,7 +3,8 @@
 //! and adds up what each finished since the read before. No scrape stands between a job and the
 //! count, so the rate is a read old, not a scrape interval plus a scrape's age: a spike is seen
 //! in seconds. Pure: the controller and the simulator keep one [`LaneReads`] per reserve lane.
-//! A read that could not count every worker is never recorded as a lower rate.
+//! A read that could not count every worker (one gone since the last read too) is never
+//! recorded as a lower rate.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;

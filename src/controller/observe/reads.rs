@@ -2,8 +2,8 @@
 //! at their port named `metrics`, each time a pool is measured, so the reserve follows a rate
 //! seconds old instead of a scrape interval plus a scrape's age. Only for pools whose template
 //! has that port, and only for lanes on the metric convention's default query; a read that
-//! cannot count every ready worker changes nothing, and Prometheus decides as before. What is
-//! remembered of the reads is `state/worker_reads.rs`.
+//! cannot count every worker is no rate (the last one that was stands in for a scrape interval,
+//! then Prometheus decides). What is remembered of the reads is `state/worker_reads.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -9,8 +9,8 @@ use clap::ValueEnum;
 use crate::duration;
 use crate::simulate::SimulateError;
 use crate::simulate::engine::arrivals::ArrivalKind;
-use crate::simulate::engine::keda::{Arm, Knobs};
 use crate::simulate::engine::profile::RateProfile;
+use crate::simulate::engine::scenario::{Arm, Knobs};
 use crate::simulate::engine::scenario::{Arrangement, Autoscale, QUEUE_HANDOFF, Scenario, nanos};
 use crate::sizing::{LaneSizing, PoolSize, PoolSizing, Rule};
 

@@ -10,13 +10,13 @@ use std::collections::{BTreeMap, BinaryHeap};
 use super::arrivals::Arrivals;
 use super::autoscale::Control;
 use super::autoscale::{BATCH_LANE, LANE};
-use super::keda::{self, Keda, Lengths};
+use super::keda::{Keda, Lengths};
 use super::observe::Counters;
 use super::outcome::{Outcome, WindowCounts};
 use super::pool::{Costs, Deployment, LaneKind, Lanes, Moved, Pool, State};
 use super::rng::Pcg32;
 use super::rollout::Operator;
-use super::scenario::{Nanos, Preference, Scenario, seconds};
+use super::scenario::{GRACE, Nanos, Preference, Scenario, seconds};
 
 /// Runs a scenario to its end.
 pub fn run(scenario: &Scenario) -> Outcome {
@@ -390,7 +390,7 @@ impl<'a> Engine<'a> {
         let (moved, again) = operator.reconcile(&mut self.pool, at);
         self.next_reconcile = again;
         // The worker template's grace period, as KEDA's arms get it.
-        self.pool.grant_grace(at, keda::GRACE);
+        self.pool.grant_grace(at, GRACE);
         let taking = self.pool.taking();
         let fewest = self.outcome.fewest_taking.get_or_insert(taking);
         *fewest = (*fewest).min(taking);

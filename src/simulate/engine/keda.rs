@@ -24,8 +24,9 @@
 
 use std::collections::VecDeque;
 
-use super::pool::Deployment;
-use super::scenario::{Nanos, Preference};
+use super::scenario::{Arm, Deployment, Lists, Nanos, Preference, ScaledObject};
+#[cfg(test)]
+use super::scenario::{COOLDOWN, Knobs};
 
 const SECOND: Nanos = 1_000_000_000;
 /// kube-controller-manager's `--horizontal-pod-autoscaler-sync-period` default.
@@ -34,130 +35,6 @@ pub const HPA_SYNC: Nanos = 15 * SECOND;
 pub const HPA_TOLERANCE: f64 = 0.1;
 /// `behavior.scaleDown.stabilizationWindowSeconds` default.
 pub const SCALE_DOWN_STABILIZATION: Nanos = 300 * SECOND;
-/// `cooldownPeriod` default.
-pub const COOLDOWN: Nanos = 300 * SECOND;
-/// `terminationGracePeriodSeconds` default.
-pub const GRACE: Nanos = 30 * SECOND;
-
-/// The lists a ScaledObject's triggers read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lists {
-    Urgent,
-    Batch,
-    /// One trigger per list: the HPA takes the larger count.
-    Both,
-}
-
-/// One ScaledObject and the Deployment it scales.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScaledObject {
-    pub deployment: Deployment,
-    /// The lanes its workers take (`rq worker urgent`, `rq worker urgent batch`, ...).
-    pub role: Preference,
-    pub lists: Lists,
-    /// `listLength`: the jobs waiting per replica the HPA aims at.
-    pub list_length: f64,
-    /// `minReplicaCount` (0 scales to zero) and `maxReplicaCount`.
-    pub min: u32,
-    pub max: u32,
-    /// `pollingInterval`.
-    pub polling: Nanos,
-    /// `cooldownPeriod`.
-    pub cooldown: Nanos,
-}
-
-/// A whole arm: the ScaledObjects, how long a new Pod takes to take jobs, and the grace a
-/// deleted busy worker gets.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Arm {
-    pub objects: Vec<ScaledObject>,
-    pub pod_start: Nanos,
-    pub grace: Nanos,
-}
-
-impl Arm {
-    /// Two Deployments as most teams run them: urgent-only workers and batch-only workers, a
-    /// ScaledObject each on its own list, `urgent_max` of the `workers` for the urgent one and
-    /// the rest for the batch one, so the two never run more than `workers` together.
-    pub fn two_lists(workers: u32, urgent_max: u32, knobs: Knobs, pod_start: Nanos) -> Self {
-        let object = |deployment, role, lists, min, max| ScaledObject {
-            deployment,
-            role,
-            lists,
-            list_length: knobs.list_length,
-            min,
-            max,
-            polling: knobs.polling,
-            cooldown: COOLDOWN,
-        };
-        let urgent_max = urgent_max.clamp(1, workers.saturating_sub(1).max(1));
-        Self {
-            objects: vec![
-                object(
-                    Deployment::Reserved,
-                    Preference::UrgentOnly,
-                    Lists::Urgent,
-                    knobs.min,
-                    urgent_max,
-                ),
-                object(
-                    Deployment::Shared,
-                    Preference::BatchOnly,
-                    Lists::Batch,
-                    knobs.min,
-                    workers.saturating_sub(urgent_max).max(1),
-                ),
-            ],
-            pod_start,
-            grace: GRACE,
-        }
-    }
-
-    /// One Deployment in strict priority (each worker takes urgent first, batch otherwise),
-    /// scaled on both lists up to `workers`.
-    pub fn strict(workers: u32, knobs: Knobs, pod_start: Nanos) -> Self {
-        Self {
-            objects: vec![ScaledObject {
-                deployment: Deployment::Shared,
-                role: Preference::UrgentFirst,
-                lists: Lists::Both,
-                list_length: knobs.list_length,
-                min: knobs.min,
-                max: workers.max(1),
-                polling: knobs.polling,
-                cooldown: COOLDOWN,
-            }],
-            pod_start,
-            grace: GRACE,
-        }
-    }
-}
-
-/// The settings a KEDA user tunes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Knobs {
-    pub list_length: f64,
-    pub polling: Nanos,
-    pub min: u32,
-}
-
-impl Knobs {
-    /// KEDA's defaults, with one replica kept (`minReplicaCount: 1`).
-    pub const DEFAULT: Self = Self {
-        list_length: 5.0,
-        polling: 30 * SECOND,
-        min: 1,
-    };
-
-    pub fn name(&self) -> String {
-        format!(
-            "listLength {} poll {}s min {}",
-            self.list_length,
-            self.polling / SECOND,
-            self.min
-        )
-    }
-}
 
 /// The lists' lengths as `LLEN` answers them.
 #[derive(Clone, Copy, Debug, Default)]

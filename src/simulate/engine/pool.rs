@@ -34,12 +34,7 @@ pub enum State {
     Gone,
 }
 
-/// The pool's two Deployments.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Deployment {
-    Reserved,
-    Shared,
-}
+pub use super::scenario::Deployment;
 
 #[derive(Clone, Debug)]
 pub struct Worker {

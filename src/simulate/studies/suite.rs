@@ -250,6 +250,16 @@ impl Case {
     }
 }
 
+/// One shape and seed at `workers`, its rates scaled by `workers` ÷ [`WORKERS`].
+pub fn scenario(shape: &Shape, duration: Duration, seed: u64, workers: u32) -> Scenario {
+    let scale = f64::from(workers) / f64::from(WORKERS);
+    let mut profile = shape.profile(duration.as_secs_f64(), seed);
+    for (_, rate) in &mut profile.steps {
+        *rate *= scale;
+    }
+    base(profile, duration, seed, workers)
+}
+
 /// Runs one shape with one seed.
 pub fn case(
     shape: &Shape,
@@ -258,12 +268,7 @@ pub fn case(
     workers: u32,
     config: &Autoscale,
 ) -> Case {
-    let scale = f64::from(workers) / f64::from(WORKERS);
-    let mut profile = shape.profile(duration.as_secs_f64(), seed);
-    for (_, rate) in &mut profile.steps {
-        *rate *= scale;
-    }
-    let scenario = base(profile, duration, seed, workers);
+    let scenario = scenario(shape, duration, seed, workers);
     let outcome = run(&Scenario {
         autoscale: Some(config.clone()),
         ..scenario.clone()

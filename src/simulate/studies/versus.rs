@@ -12,12 +12,12 @@
 use std::time::Duration;
 
 use super::in_parallel;
-use super::suite::{Set, Shape, WORKERS, base};
+use super::suite::{Set, Shape, scenario};
 use crate::duration::trim;
-use crate::simulate::engine::keda::{Arm, Knobs};
 use crate::simulate::engine::outcome::{Outcome, percentile};
 use crate::simulate::engine::profile::RateProfile;
 use crate::simulate::engine::run;
+use crate::simulate::engine::scenario::{Arm, Knobs};
 use crate::simulate::engine::scenario::{Arrangement, Autoscale, Nanos, Scenario, seconds};
 
 const SECOND: Nanos = 1_000_000_000;
@@ -181,16 +181,6 @@ impl Case {
     pub fn dominated(&self) -> bool {
         self.saved().is_some_and(|saved| saved < 0.0)
     }
-}
-
-/// The suite's world for one shape and seed at `workers`.
-fn scenario(shape: &Shape, duration: Duration, seed: u64, workers: u32) -> Scenario {
-    let scale = f64::from(workers) / f64::from(WORKERS);
-    let mut profile = shape.profile(duration.as_secs_f64(), seed);
-    for (_, rate) in &mut profile.steps {
-        *rate *= scale;
-    }
-    base(profile, duration, seed, workers)
 }
 
 /// Every arm of one shape and seed.
