@@ -20,6 +20,7 @@ use serde_json::Value;
 
 mod common;
 use common::Killed;
+use common::node::{Kubectl, pool_scrape_configs};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -71,43 +72,6 @@ async fn the_node_runs_a_pod_as_a_container() {
     kubectl.ok(&["delete", "pod", "smoke", "-n", POOLS, "--wait=false"]);
 }
 
-/// kubectl against the node's API server, as the admin.
-struct Kubectl(&'static TestNode);
-
-impl Kubectl {
-    fn run(&self, args: &[&str]) -> (bool, String) {
-        self.0.plane().kubectl(args).expect("kubectl runs")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let (ok, out) = self.run(args);
-        assert!(ok, "kubectl {}: {out}", args.join(" "));
-        out
-    }
-
-    /// A field of one object by JSONPath; empty when the object or the field is missing.
-    fn get(&self, object: &str, namespace: &str, path: &str) -> String {
-        let (ok, out) = self.run(&[
-            "get",
-            object,
-            "-n",
-            namespace,
-            "-o",
-            &format!("jsonpath={path}"),
-        ]);
-        if ok {
-            out.trim().to_owned()
-        } else {
-            String::new()
-        }
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let args = [args, &["-o", "json"]].concat();
-        serde_json::from_str(&self.ok(&args)).expect("kubectl's JSON")
-    }
-}
-
 /// What the README's install needs beside the cluster: a registry (the images and the chart),
 /// Redis (the broker the workers and the producer share) and Prometheus, the last two reachable
 /// from Pods at the host's address.
@@ -127,22 +91,9 @@ impl World {
         let registry = TestRegistry::start().expect("the registry starts");
         let redis = TestRedis::start_reachable_at(node.host()).expect("redis-server starts");
         let producer_metrics = testenv::free_port().unwrap();
-        let relabelling = documented_relabelling();
-        let prometheus = TestPrometheus::start_scraping(&format!(
-            "- job_name: lanepool-workers
-  kubernetes_sd_configs:
-  - role: pod
-    kubeconfig_file: {kubeconfig}
-  relabel_configs:
-{relabelling}
-- job_name: producer
-  honor_labels: true
-  static_configs:
-  - targets: ['127.0.0.1:{producer_metrics}']
-",
-            kubeconfig = node.plane().kubeconfig().display(),
-        ))
-        .expect("prometheus starts");
+        let prometheus =
+            TestPrometheus::start_scraping(&pool_scrape_configs(node, producer_metrics, None))
+                .expect("prometheus starts");
         Self {
             node,
             kubectl: Kubectl(node),
@@ -383,25 +334,6 @@ with open("/dev/termination-log", "w") as log:
 fn replace_once(text: &str, from: &str, to: &str) -> String {
     assert_eq!(text.matches(from).count(), 1, "{from:?} once in {text}");
     text.replace(from, to)
-}
-
-/// The relabelling of docs/worker-protocol.md, as written there (indented for a job).
-fn documented_relabelling() -> String {
-    let doc = std::fs::read_to_string(Path::new(ROOT).join("docs/worker-protocol.md")).unwrap();
-    let start = doc
-        .find("relabel_configs:\n")
-        .expect("the documented relabelling");
-    let block: Vec<&str> = doc[start..]
-        .lines()
-        .skip(1)
-        .take_while(|line| !line.starts_with("```"))
-        .collect();
-    assert!(block.len() >= 4, "the relabelling block: {block:?}");
-    block
-        .iter()
-        .map(|line| format!("  {line}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The README's first LanePool, changed only where the README says to change it for a

@@ -30,6 +30,7 @@ use lanepool_testenv::{
 
 mod common;
 use common::Killed;
+use common::node::{Kubectl, pool_scrape_configs};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -111,31 +112,11 @@ impl Workload {
     }
 }
 
-/// kubectl against the node's API server, as the admin.
-struct Kubectl(&'static TestNode);
-
-impl Kubectl {
-    fn ok(&self, args: &[&str]) -> String {
-        let (ok, out) = self.0.plane().kubectl(args).expect("kubectl runs");
-        assert!(ok, "kubectl {}: {out}", args.join(" "));
-        out
-    }
-
-    /// A field of one object by JSONPath; empty when the object or the field is missing.
-    fn get(&self, object: &str, namespace: &str, path: &str) -> String {
-        let jsonpath = format!("jsonpath={path}");
-        let args = ["get", object, "-n", namespace, "-o", &jsonpath];
-        match self.0.plane().kubectl(&args) {
-            Ok((true, out)) => out.trim().to_owned(),
-            _ => String::new(),
-        }
-    }
-
-    fn apply(&self, namespace: &str, name: &str, yaml: &str) {
-        let file = out_dir().join(name);
-        std::fs::write(&file, yaml).unwrap();
-        self.ok(&["apply", "-n", namespace, "-f", &file.display().to_string()]);
-    }
+/// Applies `yaml`, kept as `name` beside the run's logs.
+fn apply(kubectl: &Kubectl, namespace: &str, name: &str, yaml: &str) {
+    let file = out_dir().join(name);
+    std::fs::write(&file, yaml).unwrap();
+    kubectl.ok(&["apply", "-n", namespace, "-f", &file.display().to_string()]);
 }
 
 /// Where the run's logs and table go.
@@ -171,22 +152,10 @@ impl World {
         let crd = Path::new(ROOT).join("crds/lanepool.dev_lanepools.yaml");
         kubectl.ok(&["apply", "--server-side", "-f", &crd.display().to_string()]);
         let producer_metrics = testenv::free_port().unwrap();
-        let prometheus = TestPrometheus::start_scraping(&format!(
-            "- job_name: lanepool-workers
-  scrape_interval: 15s
-  kubernetes_sd_configs:
-  - role: pod
-    kubeconfig_file: {kubeconfig}
-  relabel_configs:
-{relabelling}
-- job_name: producer
-  scrape_interval: 15s
-  honor_labels: true
-  static_configs:
-  - targets: ['127.0.0.1:{producer_metrics}']
-",
-            kubeconfig = node.plane().kubeconfig().display(),
-            relabelling = documented_relabelling(),
+        let prometheus = TestPrometheus::start_scraping(&pool_scrape_configs(
+            node,
+            producer_metrics,
+            Some("15s"),
         ))
         .expect("prometheus starts");
         let world = Self {
@@ -216,7 +185,7 @@ impl World {
                 "containers": [{"name": "pull", "image": self.image, "command": ["python3", "-c", "pass"]}],
             },
         });
-        self.kubectl.apply("default", "pull.json", &pod.to_string());
+        apply(&self.kubectl, "default", "pull.json", &pod.to_string());
         testenv::until(180, "the worker image pulled and run", || async {
             self.kubectl.get("pod/pull", "default", "{.status.phase}") == "Succeeded"
         })
@@ -261,21 +230,6 @@ impl World {
             .spawn()
             .expect("starting produce.py")
     }
-}
-
-/// The relabelling of docs/worker-protocol.md, as written there (indented for a job).
-fn documented_relabelling() -> String {
-    let doc = std::fs::read_to_string(Path::new(ROOT).join("docs/worker-protocol.md")).unwrap();
-    let start = doc
-        .find("relabel_configs:\n")
-        .expect("the documented relabelling");
-    doc[start..]
-        .lines()
-        .skip(1)
-        .take_while(|line| !line.starts_with("```"))
-        .map(|line| format!("  {line}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// `text` with `from`, which must be in it exactly `times` times, replaced.
@@ -478,7 +432,8 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
     });
 
     let operator = (arm == Arm::LanePool).then(|| start_operator(world, &namespace));
-    kubectl.apply(
+    apply(
+        kubectl,
         &namespace,
         &format!("{namespace}.yaml"),
         &arm.manifest(world, &redis, work),

@@ -71,11 +71,29 @@ impl LaneReads {
     }
 
     /// `load` with the rates these reads give at `now`: the recent rate from the read made now,
-    /// the long rate once the reads cover `window`. What the reads cannot say, Prometheus does.
-    pub fn applied_to(&self, mut load: LaneLoad, now: Duration, window: Duration) -> LaneLoad {
-        if let Some(recent) = self.recent(now) {
+    /// the long rate once the reads cover `window`. Without a read made now (it could not count
+    /// every worker), the last one stands in, with the long rate up to it, while it is younger
+    /// than `stand_in_for`: Prometheus's recent rate spans the last scrape interval and is up to
+    /// one old, so a read younger than that says more of now (on real RQ workers Prometheus's
+    /// rate shrank a spike's reserve 4 → 3 mid-spike on the rate from before it). What the reads
+    /// cannot say, Prometheus does.
+    pub fn applied_to(
+        &self,
+        mut load: LaneLoad,
+        now: Duration,
+        window: Duration,
+        stand_in_for: Duration,
+    ) -> LaneLoad {
+        let Some(read) = self
+            .reads
+            .back()
+            .filter(|r| r.at == now || now.saturating_sub(r.at) < stand_in_for)
+        else {
+            return load;
+        };
+        if let Some(recent) = self.recent(read.at) {
             load.recent_arrival_rate = Some(recent);
-            if let Some(rate) = self.rate(now, window) {
+            if let Some(rate) = self.rate(read.at, window) {
                 load.arrival_rate = rate;
             }
         }
@@ -255,14 +273,17 @@ mod tests {
         };
         let mut reads = LaneReads::default();
         reads.record(Duration::ZERO, 5 * S, 750.0, 60 * S);
-        let fresh = reads.applied_to(prometheus, 5 * S, 60 * S);
+        let fresh = reads.applied_to(prometheus, 5 * S, 60 * S, Duration::ZERO);
         assert_eq!(fresh.recent_arrival_rate.map(|r| r.per_second), Some(150.0));
         assert_eq!(
             fresh.arrival_rate, 30.0,
             "5 s of reads say nothing of a minute"
         );
         assert_eq!(fresh.job_seconds, Some(0.02));
-        assert_eq!(reads.applied_to(prometheus, 10 * S, 60 * S), prometheus);
+        assert_eq!(
+            reads.applied_to(prometheus, 10 * S, 60 * S, Duration::ZERO),
+            prometheus
+        );
     }
 
     #[test]

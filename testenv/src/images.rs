@@ -20,25 +20,8 @@ fn root() -> &'static Path {
 /// archive and digest.
 pub fn build_and_push_images(registry: &str) -> Result<PathBuf> {
     static BUILT: OnceLock<(String, std::result::Result<PathBuf, String>)> = OnceLock::new();
-    let (pushed_to, built) = BUILT.get_or_init(|| {
-        let built = (|| {
-            let mut build = Command::new(root().join("images/build.sh"));
-            build
-                .env("LANEPOOL_IMAGE_BUILDER", "buildah")
-                .env("LANEPOOL_IMAGE_PUSH", registry);
-            without_cargos_test_variables(&mut build);
-            let started = Instant::now();
-            let status = build
-                .status()
-                .map_err(|e| format!("images/build.sh: {e}"))?;
-            if !status.success() {
-                return Err(format!("images/build.sh failed ({status})"));
-            }
-            eprintln!("images/build.sh took {:.0?}", started.elapsed());
-            Ok(root().join("target/images"))
-        })();
-        (registry.to_owned(), built)
-    });
+    let (pushed_to, built) =
+        BUILT.get_or_init(|| (registry.to_owned(), build_and_push(registry, None)));
     // Once per process, to one registry: another would hold none of the images.
     assert_eq!(
         pushed_to, registry,
@@ -54,24 +37,32 @@ pub fn build_and_push_images(registry: &str) -> Result<PathBuf> {
 /// release build of the Rust binaries) and pushes it to `registry`; returns target/images/, which
 /// holds its archive and digest. For a test that runs no other image of the project.
 pub fn build_and_push_python_worker_image(registry: &str) -> Result<PathBuf> {
+    build_and_push(registry, Some("python-worker")).map_err(|e| TestEnvError::Io {
+        what: "building the Python workers' image".into(),
+        source: std::io::Error::other(e),
+    })
+}
+
+/// Runs images/build.sh with buildah, pushing to `registry` the images named (`LANEPOOL_IMAGES`)
+/// or every image; returns target/images/.
+fn build_and_push(registry: &str, images: Option<&str>) -> std::result::Result<PathBuf, String> {
     let mut build = Command::new(root().join("images/build.sh"));
     build
         .env("LANEPOOL_IMAGE_BUILDER", "buildah")
-        .env("LANEPOOL_IMAGES", "python-worker")
         .env("LANEPOOL_IMAGE_PUSH", registry);
+    if let Some(images) = images {
+        build.env("LANEPOOL_IMAGES", images);
+    }
     without_cargos_test_variables(&mut build);
     let started = Instant::now();
-    let status = build.status().map_err(io("running images/build.sh"))?;
+    let status = build
+        .status()
+        .map_err(|e| format!("images/build.sh: {e}"))?;
     if !status.success() {
-        return Err(TestEnvError::Io {
-            what: "building the Python workers' image".into(),
-            source: std::io::Error::other(format!("images/build.sh failed ({status})")),
-        });
+        return Err(format!("images/build.sh failed ({status})"));
     }
-    eprintln!(
-        "images/build.sh (python-worker) took {:.0?}",
-        started.elapsed()
-    );
+    let which = images.map_or(String::new(), |i| format!(" ({i})"));
+    eprintln!("images/build.sh{which} took {:.0?}", started.elapsed());
     Ok(root().join("target/images"))
 }
 

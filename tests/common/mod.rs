@@ -6,6 +6,8 @@
 // binary leaves unused would be dead code in that binary.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::process::Child;
 use std::time::{Duration, Instant};
 

@@ -21,11 +21,9 @@ pub(in crate::controller) struct WorkerReads {
     last: Option<(Duration, Timestamp)>,
     lanes: BTreeMap<String, LaneReads>,
     /// When this evaluation's read was recorded; `None` when it was not (the workers could not
-    /// be listed, none answered, one did not, one read last time is gone).
+    /// be listed, none answered, one did not, one read last time is gone): then the last read
+    /// that was a rate may stand in (see [`Self::apply_to`]).
     current: Option<Duration>,
-    /// When the last read that was a rate was recorded: it stands in for one that is not while
-    /// it is younger than Prometheus's recent rate would be (see [`Self::apply_to`]).
-    last_rate: Option<Duration>,
     /// The workers whose implausible claims were logged (once each), among those last read.
     logged: BTreeSet<String>,
 }
@@ -116,7 +114,6 @@ impl WorkerReads {
                     .record(since, at, count, window);
             }
             self.current = Some(at);
-            self.last_rate = Some(at);
         }
         // Every answer is the next read's baseline, a dropped claim too: a worker that jumped
         // once is read again from there; one that keeps inflating is dropped every time.
@@ -127,28 +124,20 @@ impl WorkerReads {
         dropped
     }
 
-    /// Gives each lane the rates this evaluation's read supports (see
-    /// [`LaneReads::applied_to`]). Without one, the last read that was a rate stands in while it
-    /// is younger than `prometheus_lag` (a scrape interval): Prometheus's recent rate spans the
-    /// last scrape interval and is up to one old, so it says less of now. On real RQ workers a
-    /// spike's reserve fell 4 → 3 mid-spike on Prometheus's 14.7/s while the last read, 5 s
-    /// old, said 48/s, and grew 4 → 6 after the spike on its 47/s. Older than that, every lane
-    /// keeps Prometheus's.
+    /// Gives each lane the rates this evaluation's read supports, or without one the last read
+    /// that was a rate while it is younger than `prometheus_lag` (a scrape interval; see
+    /// [`LaneReads::applied_to`]); older than that, every lane keeps Prometheus's.
     pub(in crate::controller) fn apply_to(
         &self,
         loads: &mut Loads,
         window: Duration,
         (now, prometheus_lag): (Duration, Duration),
     ) {
-        let standing_in = self
-            .last_rate
-            .filter(|at| now.saturating_sub(*at) < prometheus_lag);
-        let Some(at) = self.current.or(standing_in) else {
-            return;
-        };
+        // This evaluation's read is current however long its answers took.
+        let now = self.current.unwrap_or(now);
         for (lane, reads) in &self.lanes {
             if let Some(Ok(load)) = loads.get_mut(lane) {
-                *load = reads.applied_to(*load, at, window);
+                *load = reads.applied_to(*load, now, window, prometheus_lag);
             }
         }
     }

@@ -23,9 +23,6 @@ pub struct Control {
     /// The workers' finished-job counts read so far, and when the last read was.
     reads: LaneReads,
     last_read: Option<Nanos>,
-    /// When the last read that was a rate was made: it stands in for one that is not for up to
-    /// a scrape interval, as the operator's does.
-    last_rate: Option<Nanos>,
     pub reserve: i32,
     pub shared: i32,
     /// The mean batch job time, which the operator measures as the lanes' only shared workers
@@ -47,7 +44,6 @@ impl Control {
             history: History::new(),
             reads: LaneReads::default(),
             last_read: None,
-            last_rate: None,
             reserve: 0,
             shared: 0,
             shared_job_seconds,
@@ -80,7 +76,6 @@ impl Control {
                     finished as f64,
                     Duration::from_nanos(self.config.rate_window),
                 );
-                self.last_rate = Some(now);
             }
             self.last_read = Some(now);
         }
@@ -104,15 +99,14 @@ impl Control {
                 ),
             }),
         };
-        let read_at = self
-            .last_rate
-            .filter(|at| now - at < c.scrape_interval)
-            .unwrap_or(now);
+        // A read that is no rate lets the last one stand in for a scrape interval, as the
+        // operator's does.
         let load = load.map(|load| {
             self.reads.applied_to(
                 load,
-                Duration::from_nanos(read_at),
+                Duration::from_nanos(now),
                 Duration::from_nanos(c.rate_window),
+                Duration::from_nanos(c.scrape_interval),
             )
         });
         let current = Replicas {

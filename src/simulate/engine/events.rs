@@ -16,7 +16,7 @@ use super::outcome::{Outcome, WindowCounts};
 use super::pool::{Costs, Deployment, LaneKind, Lanes, Moved, Pool, State};
 use super::rng::Pcg32;
 use super::rollout::Operator;
-use super::scenario::{GRACE, Nanos, Preference, Scenario, seconds};
+use super::scenario::{Nanos, Preference, Scenario, seconds};
 
 /// Runs a scenario to its end.
 pub fn run(scenario: &Scenario) -> Outcome {
@@ -71,29 +71,45 @@ impl<'a> Engine<'a> {
             };
             Keda::start(arm, lengths)
         });
-        let replicas = |deployment| {
-            keda.as_ref().and_then(|k| {
-                k.replicas()
-                    .into_iter()
-                    .find(|(d, _, _)| *d == deployment)
-                    .map(|(_, role, count)| (role, count as u32))
-            })
+        // The opening Deployments: KEDA's replicas, the operator's first decision, or the split.
+        let opening: Vec<(Deployment, Preference, usize)> = match (&keda, &control) {
+            (Some(keda), _) => keda.replicas(),
+            (None, Some(c)) => vec![
+                (
+                    Deployment::Reserved,
+                    Preference::UrgentOnly,
+                    c.reserve.max(0) as usize,
+                ),
+                (
+                    Deployment::Shared,
+                    scenario.arrangement.unreserved_role(),
+                    c.shared.max(0) as usize,
+                ),
+            ],
+            (None, None) => {
+                let unreserved = if scenario.arrangement.reserves() {
+                    scenario.workers.saturating_sub(scenario.reserved)
+                } else {
+                    scenario.workers
+                };
+                vec![
+                    (
+                        Deployment::Reserved,
+                        Preference::UrgentOnly,
+                        scenario.reserved as usize,
+                    ),
+                    (
+                        Deployment::Shared,
+                        scenario.arrangement.unreserved_role(),
+                        unreserved as usize,
+                    ),
+                ]
+            }
         };
-        let keda_reserved = replicas(Deployment::Reserved);
-        let keda_shared = replicas(Deployment::Shared);
-        let reserved_workers = match (&control, keda_reserved) {
-            (_, Some((_, count))) => count,
-            _ if keda.is_some() => 0,
-            (Some(c), None) => c.reserve.max(0) as u32,
-            (None, None) => scenario.reserved,
-        };
-        let reserved = reserved_workers;
-        let unreserved = match (&control, scenario.arrangement.reserves()) {
-            _ if keda.is_some() => keda_shared.map_or(0, |(_, count)| count),
-            (Some(c), _) => c.shared.max(0) as u32,
-            (None, true) => scenario.workers.saturating_sub(reserved),
-            (None, false) => scenario.workers,
-        };
+        let reserved = opening
+            .iter()
+            .find(|(deployment, _, _)| *deployment == Deployment::Reserved)
+            .map_or(0, |(_, _, count)| *count as u32);
         let next_evaluation = control.as_ref().map(|c| c.config.interval);
         let (low, high) = scenario.batch_job;
         let job_seconds = BTreeMap::from([
@@ -141,19 +157,11 @@ impl<'a> Engine<'a> {
                 ..Outcome::default()
             },
         };
-        let reserved = (
-            Deployment::Reserved,
-            keda_reserved.map_or(Preference::UrgentOnly, |(role, _)| role),
-        );
-        let shared = (
-            Deployment::Shared,
-            keda_shared.map_or(scenario.arrangement.unreserved_role(), |(role, _)| role),
-        );
-        let workers = std::iter::repeat_n(reserved, reserved_workers as usize)
-            .chain(std::iter::repeat_n(shared, unreserved as usize));
-        for (deployment, role) in workers {
-            let id = engine.pool.add(deployment, role, State::Starting);
-            engine.take_work(id, 0);
+        for (deployment, role, count) in opening {
+            for _ in 0..count {
+                let id = engine.pool.add(deployment, role, State::Starting);
+                engine.take_work(id, 0);
+            }
         }
         engine.next_arrival = engine.draw_arrival();
         engine
@@ -348,10 +356,10 @@ impl<'a> Engine<'a> {
             {
                 self.outcome.reserve_steps.push((at, count as u32));
             }
+            let killed_at = at.saturating_add(arm.grace);
             self.pool
-                .scale((deployment, role, count), &costs, &mut moved);
+                .scale((deployment, role, count), &costs, killed_at, &mut moved);
         }
-        self.pool.grant_grace(at, arm.grace);
         let ready = at + arm.pod_start;
         for id in moved.starting {
             self.schedule(ready, id);
@@ -389,8 +397,6 @@ impl<'a> Engine<'a> {
         };
         let (moved, again) = operator.reconcile(&mut self.pool, at);
         self.next_reconcile = again;
-        // The worker template's grace period, as KEDA's arms get it.
-        self.pool.grant_grace(at, GRACE);
         let taking = self.pool.taking();
         let fewest = self.outcome.fewest_taking.get_or_insert(taking);
         *fewest = (*fewest).min(taking);

@@ -146,15 +146,6 @@ impl Pool {
         self.live
     }
 
-    /// Busy workers deleted since the last call get their grace period from `at`.
-    pub fn grant_grace(&mut self, at: Nanos, grace: Nanos) {
-        for w in &mut self.workers {
-            if w.leaving && w.deadline.is_none() && w.state != State::Gone {
-                w.deadline = Some(at.saturating_add(grace));
-            }
-        }
-    }
-
     /// `worker` has no job: it waits for one, unless it drains.
     pub fn set_idle(&mut self, worker: usize) {
         self.workers[worker].state = State::Idle;
@@ -220,11 +211,13 @@ impl Pool {
 
     /// Sets `deployment` to `count` Pods: new ones start (`role` their lanes); or its ReplicaSet
     /// deletes the surplus in its own order (not ready first, then the lowest deletion cost as
-    /// `costs` has them, the newest first among equals).
+    /// `costs` has them, the newest first among equals); a busy one deleted is killed at
+    /// `killed_at`, the end of its grace period.
     pub fn scale(
         &mut self,
         (deployment, role, count): (Deployment, Preference, usize),
         costs: &Costs<'_>,
+        killed_at: Nanos,
         moved: &mut Moved,
     ) {
         let pods = self.pods(deployment);
@@ -251,7 +244,7 @@ impl Pool {
             .collect();
         let surplus = candidates.len() - count;
         for name in choose(&candidates, surplus) {
-            self.retire(id(&name));
+            self.retire(id(&name), killed_at);
         }
     }
 
@@ -328,10 +321,13 @@ impl Pool {
     }
 
     /// `worker`'s Pod is deleted: it leaves at once when it holds no job, after its job
-    /// otherwise.
-    fn retire(&mut self, worker: usize) {
+    /// otherwise, unless its grace period ends first (at `killed_at`).
+    fn retire(&mut self, worker: usize, killed_at: Nanos) {
         match self.workers[worker].state {
-            State::Busy { .. } => self.workers[worker].leaving = true,
+            State::Busy { .. } => {
+                self.workers[worker].leaving = true;
+                self.workers[worker].deadline = Some(killed_at);
+            }
             State::Idle => {
                 self.leave_idle(worker);
                 self.gone(worker);
@@ -436,13 +432,13 @@ mod tests {
             annotated: &annotated,
         };
         let shared = |count| (Deployment::Shared, Preference::UrgentFirst, count);
-        pool.scale(shared(3), &costs, &mut moved);
+        pool.scale(shared(3), &costs, u64::MAX, &mut moved);
         // The marked worker (its job done as far as the marks know) and the idle one nearest
         // the end of the list (the newest) go.
         assert!(pool.workers[4].leaving, "marked");
         assert_eq!(pool.workers[3].state, State::Gone, "idle, newest");
         assert_eq!(pool.pods(Deployment::Shared), vec![0, 1, 2]);
-        pool.scale(shared(1), &costs, &mut moved);
+        pool.scale(shared(1), &costs, u64::MAX, &mut moved);
         // Then the idle one, then the job 0.5 s from its end before the one 2 s from it.
         assert_eq!(pool.workers[2].state, State::Gone);
         assert!(pool.workers[0].leaving && !pool.workers[1].leaving);
@@ -455,7 +451,12 @@ mod tests {
         let none = BTreeMap::new();
         let costs = Costs { annotated: &none };
         let urgent = Preference::UrgentOnly;
-        pool.scale((Deployment::Reserved, urgent, 3), &costs, &mut moved);
+        pool.scale(
+            (Deployment::Reserved, urgent, 3),
+            &costs,
+            u64::MAX,
+            &mut moved,
+        );
         assert_eq!(moved.starting, vec![3, 4]);
         assert_eq!(pool.ready(Deployment::Reserved), 1);
         assert_eq!(pool.pods(Deployment::Reserved).len(), 3);

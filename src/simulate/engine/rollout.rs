@@ -21,7 +21,7 @@ use kube::api::ObjectMeta;
 
 use super::autoscale::{BATCH_LANE, LANE};
 use super::pool::{Costs, Deployment, Moved, Pool, State, id, name as pod_name};
-use super::scenario::{Nanos, Preference, nanos, seconds};
+use super::scenario::{GRACE, Nanos, Preference, nanos, seconds};
 use crate::api::{LanePool, LanePoolSpec};
 use crate::controller::cached_pod::CachedPod;
 use crate::controller::plan::{self, Answer, Ask, Request, Seen, StandInAnswer, Steering};
@@ -120,7 +120,7 @@ impl Operator {
         let effects = plan::plan(&seen, &mut self.steering, self.settings);
         // Act: the growth alone; the costs and the requests (their answers recorded); the counts.
         if let Some(growth) = &effects.growth {
-            self.apply(pool, growth, &mut moved);
+            self.apply(pool, growth, at, &mut moved);
         }
         for (pod, cost) in &effects.costs {
             match *cost == IDLE_COST {
@@ -134,7 +134,7 @@ impl Operator {
             .map(|ask| (ask.clone(), self.ask(pool, ask, at, &mut moved)))
             .collect();
         plan::record(&mut self.steering, answers, now);
-        self.apply(pool, &effects.release.replicas, &mut moved);
+        self.apply(pool, &effects.release.replicas, at, &mut moved);
         self.applied = effects.release.replicas;
         // A Deployment runs as many Pods as it was given: the budget holds (no worker lost, none
         // left over).
@@ -238,15 +238,21 @@ impl Operator {
         }
     }
 
-    /// Applies `replicas`: a Deployment grows, or its ReplicaSet deletes the Pods that cost
-    /// least, as the operator annotated them.
-    fn apply(&mut self, pool: &mut Pool, replicas: &Replicas, moved: &mut Moved) {
+    /// Applies `replicas` at `at`: a Deployment grows, or its ReplicaSet deletes the Pods that
+    /// cost least, as the operator annotated them (a busy one gets the template's grace period).
+    fn apply(&mut self, pool: &mut Pool, replicas: &Replicas, at: Nanos, moved: &mut Moved) {
+        let killed_at = at.saturating_add(GRACE);
         for deployment in [Deployment::Reserved, Deployment::Shared] {
             let count = usize::try_from(self.count(replicas, deployment)).unwrap_or(0);
             let costs = Costs {
                 annotated: &self.costs,
             };
-            pool.scale((deployment, self.role(deployment), count), &costs, moved);
+            pool.scale(
+                (deployment, self.role(deployment), count),
+                &costs,
+                killed_at,
+                moved,
+            );
         }
         self.costs.retain(|n, _| pool.workers[id(n)].counted());
     }
