@@ -103,11 +103,10 @@ impl World {
     }
 
     /// The pool `jobs` of RQ workers: 5 in all, 1–4 reserved for urgent, the rest shared; a
-    /// grace period far shorter than a batch job; the urgent arrival rate from `arrival_rate`
-    /// when given (the convention's producer counter otherwise).
-    async fn apply_pool(&self, arrival_rate: Option<String>) {
+    /// grace period far shorter than a batch job; the default queries.
+    async fn apply_pool(&self) {
         let worker = python_program("lanepool-rq-worker").expect("./tests/setup.sh made it");
-        let urgent = json!({"min": 1, "max": 4, "arrivalRate": {"query": arrival_rate}});
+        let urgent = json!({"min": 1, "max": 4});
         let size = json!({"totalWorkers": 5});
         let command = json!({"command": [worker], "args": ["--path", examples_dir()]});
         self.create_pool(urgent, size, command).await;
@@ -530,7 +529,7 @@ async fn rq_workers_as_pods_keep_the_urgent_wait_within_the_job_time_and_no_shri
  {
     let _alone = ONE_AT_A_TIME.lock().await;
     let world = World::start("python-rq", true).await;
-    world.apply_pool(None).await;
+    world.apply_pool().await;
     let profile = Profile {
         normal: 40,
         spike: 30,
@@ -571,20 +570,14 @@ async fn rq_workers_as_pods_keep_the_urgent_wait_within_the_job_time_and_no_shri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_sized_from_its_workers_alone_follows_the_spike_without_the_producers_counter() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    // Prometheus never sees the producer: the arrival rate is the workers' finished jobs plus
-    // the change in the lane's depth, as docs/workers.md gives it for a producer not yours.
+    // Prometheus never sees the producer, and the pool names no query: the default's arrival
+    // rate is the workers' finished jobs plus the change in the lane's depth (docs/workers.md),
+    // and until Prometheus has scraped them twice the operator's own reads of the workers
+    // measure the lane alone, seconds after they start.
     let world = World::start("python-rq-workers", false).await;
-    let lane = format!(
-        r#"namespace="{}",pool="jobs",lane="urgent""#,
-        world.namespace
-    );
-    let query = format!(
-        "sum(rate(lanepool_job_duration_seconds_count{{{lane}}}[1m])) \
-         + max(deriv(lanepool_queue_depth{{{lane}}}[1m]))"
-    );
-    world.apply_pool(Some(query)).await;
-    // The workers' series come a scrape later (15 s) and their rate is a minute's: each phase
-    // is given longer than with the producer's counter, which sees each job as it is sent.
+    world.apply_pool().await;
+    // The reads' long rate needs half a minute of them: each phase is given longer than with
+    // the producer's counter, which sees each job as it is sent.
     let profile = Profile {
         normal: 60,
         spike: 40,

@@ -27,6 +27,10 @@ pub fn request_seconds(wanted: std::time::Duration) -> u64 {
 }
 /// The finished-job counter the reads sum: a histogram's `_count`, by `lane`.
 pub const FINISHED_METRIC: &str = "lanepool_job_duration_seconds_count";
+/// The seconds the finished jobs ran: the same histogram's `_sum`, by `lane`.
+pub const JOB_SECONDS_METRIC: &str = "lanepool_job_duration_seconds_sum";
+/// The gauge of a lane's queue depth as the worker reads it, by `lane` (optional).
+pub const DEPTH_METRIC: &str = "lanepool_queue_depth";
 /// The readiness gate of the workers of a pool whose template serves a `metrics` port: the
 /// operator sets this Pod condition to True once the Pod may count as available, at once for a
 /// Pod that grows its Deployment, and during a template change only once a worker of the old

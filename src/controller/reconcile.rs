@@ -306,13 +306,14 @@ impl Walk<'_> {
             mut loads,
             job_seconds,
             connection,
+            unseen,
         } = measured;
         reads::record(ctx, &mut memory.worker_reads, counts, &loads);
         let window = reads::rate_window(ctx);
         let prometheus_lag = ctx.settings.windows.scrape_interval;
         memory
             .worker_reads
-            .apply_to(&mut loads, window, (self.now, prometheus_lag));
+            .apply_to(&mut loads, window, (self.now, prometheus_lag), &unseen);
         // The lanes only shared workers serve: their longest job time says how seldom, at
         // least, a shared worker frees up to help a reserve lane.
         let shared_job_seconds = job_seconds

@@ -85,9 +85,26 @@ pub struct RecentQuery {
 /// The labels every shared query groups by: a pool's lanes are told apart by them.
 const BY: &str = "sum by (namespace, pool, lane)";
 
+/// The largest by the same labels: each worker of a lane exports the lane's depth.
+const MAX_BY: &str = "max by (namespace, pool, lane)";
+
 /// Jobs submitted per second, by lane of every pool (`function`: `rate` or `irate`).
 fn submitted(function: &str, window: &str) -> String {
     format!("{BY} ({function}(lanepool_jobs_submitted_total{{pool!=\"\"}}[{window}]))")
+}
+
+/// Jobs arriving per second, by lane of every pool, over `window`: the producer's counter where
+/// it is scraped, or else what the workers know, the jobs they finished plus how fast the lane's
+/// queue grows (`lanepool_queue_depth`, 0 at least), or the finished jobs alone where no worker
+/// exports the depth. No producer has to change.
+fn arrived(window: &str) -> String {
+    let finished =
+        format!("{BY} (rate(lanepool_job_duration_seconds_count{{pool!=\"\"}}[{window}]))");
+    format!(
+        "{} or clamp_min({finished} + {MAX_BY} (deriv(lanepool_queue_depth{{pool!=\"\"}}[{window}])), 0) \
+         or {finished}",
+        submitted("rate", window)
+    )
 }
 
 /// Mean job seconds, by lane of every pool: NaN where no job finished in the window.
@@ -171,6 +188,7 @@ fn lane_queries(
     let shared = |promql: String| Query::Shared {
         own: promql
             .replace(BY, "sum")
+            .replace(MAX_BY, "max")
             .replace("{pool!=\"\"}", &format!("{{{selector}}}")),
         promql,
         series: series.clone(),
@@ -190,7 +208,7 @@ fn lane_queries(
     };
     let arrival_rate = match custom_rate {
         Some(promql) => Query::Own(promql),
-        None => shared(submitted("rate", &windows.arrival_rate)),
+        None => shared(arrived(&windows.arrival_rate)),
     };
     let job_time = match custom(reserve.job_time.as_ref().and_then(|q| q.query.as_ref())) {
         Some(promql) => Query::Own(promql),
@@ -249,9 +267,19 @@ mod tests {
         assert_eq!(
             queries[0].arrival_rate,
             Query::Shared {
-                promql: r#"sum by (namespace, pool, lane) (rate(lanepool_jobs_submitted_total{pool!=""}[1m]))"#.into(),
+                promql: concat!(
+                    r#"sum by (namespace, pool, lane) (rate(lanepool_jobs_submitted_total{pool!=""}[1m])) or "#,
+                    r#"clamp_min(sum by (namespace, pool, lane) (rate(lanepool_job_duration_seconds_count{pool!=""}[1m])) "#,
+                    r#"+ max by (namespace, pool, lane) (deriv(lanepool_queue_depth{pool!=""}[1m])), 0) or "#,
+                    r#"sum by (namespace, pool, lane) (rate(lanepool_job_duration_seconds_count{pool!=""}[1m]))"#
+                ).into(),
                 series: series.clone(),
-                own: r#"sum (rate(lanepool_jobs_submitted_total{namespace="team",pool="jobs",lane="urgent"}[1m]))"#.into(),
+                own: concat!(
+                    r#"sum (rate(lanepool_jobs_submitted_total{namespace="team",pool="jobs",lane="urgent"}[1m])) or "#,
+                    r#"clamp_min(sum (rate(lanepool_job_duration_seconds_count{namespace="team",pool="jobs",lane="urgent"}[1m])) "#,
+                    r#"+ max (deriv(lanepool_queue_depth{namespace="team",pool="jobs",lane="urgent"}[1m])), 0) or "#,
+                    r#"sum (rate(lanepool_job_duration_seconds_count{namespace="team",pool="jobs",lane="urgent"}[1m]))"#
+                ).into(),
             }
         );
         assert_eq!(

@@ -20,7 +20,10 @@ pub use queueing::{
     HANDOFF_SECONDS, SharedHelp, formula, latency_target, predicted_p99, predicted_wait_p99,
     predicted_wait_p99_helped, smallest_reserve, smallest_reserve_helped, wait_within_job_time,
 };
-pub use reads::{Baselines, LaneReads, WorkerCount, baselines, finished_since, went_unread};
+pub use reads::{
+    Baselines, Counters, LaneReads, ReadCounts, WorkerCount, baselines, finished_since,
+    median_depth, went_unread,
+};
 pub use settings::{LaneSizing, PoolSize, PoolSizing, Rule, UnavailablePolicy};
 
 #[cfg(test)]

@@ -16,7 +16,31 @@ use super::decide::{LaneLoad, RecentRate};
 struct Read {
     at: Duration,
     since: Duration,
-    finished: f64,
+    counted: ReadCounts,
+}
+
+/// What one read counted of a lane since the read before.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReadCounts {
+    /// Jobs the workers finished.
+    pub finished: f64,
+    /// Jobs that arrived: those finished plus how much the lane's queue grew (the workers'
+    /// `lanepool_queue_depth`), so a queue building in a spike counts; the finished ones when
+    /// the depth is not known at both reads.
+    pub arrived: f64,
+    /// Seconds the finished jobs ran (their histogram's `_sum`); 0 when not exported.
+    pub seconds: f64,
+}
+
+impl ReadCounts {
+    /// `finished` jobs, the queue's depth unknown and no job time counted.
+    pub fn finished(finished: f64) -> Self {
+        Self {
+            finished,
+            arrived: finished,
+            seconds: 0.0,
+        }
+    }
 }
 
 /// A lane's recorded reads, the newest last, none older than the longest window asked for.
@@ -26,16 +50,17 @@ pub struct LaneReads {
 }
 
 impl LaneReads {
-    /// Records that `finished` jobs of the lane finished between `since` and `at`. Reads older
-    /// than `keep` are forgotten.
-    pub fn record(&mut self, since: Duration, at: Duration, finished: f64, keep: Duration) {
-        if at <= since || !finished.is_finite() || finished < 0.0 {
+    /// Records what a read counted of the lane between `since` and `at`. Reads older than
+    /// `keep` are forgotten.
+    pub fn record(&mut self, since: Duration, at: Duration, counted: ReadCounts, keep: Duration) {
+        let counts = [counted.finished, counted.arrived, counted.seconds];
+        if at <= since || counts.iter().any(|c| !c.is_finite() || *c < 0.0) {
             return;
         }
         self.reads.push_back(Read {
             at,
             since: at - since,
-            finished,
+            counted,
         });
         while self
             .reads
@@ -51,7 +76,7 @@ impl LaneReads {
     pub fn recent(&self, now: Duration) -> Option<RecentRate> {
         let last = self.reads.back().filter(|r| r.at == now)?;
         Some(RecentRate {
-            per_second: last.finished / last.since.as_secs_f64(),
+            per_second: last.counted.arrived / last.since.as_secs_f64(),
             window: last.since,
         })
     }
@@ -60,14 +85,57 @@ impl LaneReads {
     /// cover at least half of it (a gap, such as a read that could not count every worker, only
     /// shortens the time counted over).
     pub fn rate(&self, now: Duration, window: Duration) -> Option<f64> {
-        let (finished, covered) = self
+        let (arrived, covered) = self
             .reads
             .iter()
             .filter(|r| r.at <= now && now - r.at < window)
-            .fold((0.0, Duration::ZERO), |(f, c), r| {
-                (f + r.finished, c + r.since)
+            .fold((0.0, Duration::ZERO), |(a, c), r| {
+                (a + r.counted.arrived, c + r.since)
             });
-        (!covered.is_zero() && covered >= window / 2).then(|| finished / covered.as_secs_f64())
+        (!covered.is_zero() && covered >= window / 2).then(|| arrived / covered.as_secs_f64())
+    }
+
+    /// The mean seconds of the jobs finished in the reads that end inside the trailing
+    /// `window`; `None` when none finished or their seconds were not exported.
+    pub fn job_seconds(&self, now: Duration, window: Duration) -> Option<f64> {
+        let (finished, seconds) = self
+            .reads
+            .iter()
+            .filter(|r| r.at <= now && now - r.at < window)
+            .fold((0.0, 0.0), |(f, s), r| {
+                (f + r.counted.finished, s + r.counted.seconds)
+            });
+        (finished > 0.0 && seconds > 0.0).then(|| seconds / finished)
+    }
+
+    /// A load from these reads alone, for a lane Prometheus has no series of yet (a new pool's
+    /// workers not scraped twice): the read made at `now` (or the last one, younger than
+    /// `stand_in_for`) as the recent rate, the long rate once the reads cover half of `window`
+    /// (the recent one until then), and the job time the reads counted or else `fallback`.
+    /// `None` when the reads cannot say: no read that is a rate, or jobs arriving and no job
+    /// time known.
+    pub fn alone(
+        &self,
+        now: Duration,
+        window: Duration,
+        stand_in_for: Duration,
+        fallback: Option<f64>,
+    ) -> Option<LaneLoad> {
+        let read = self
+            .reads
+            .back()
+            .filter(|r| r.at == now || now.saturating_sub(r.at) < stand_in_for)?;
+        let recent = self.recent(read.at)?;
+        let arrival_rate = self.rate(read.at, window).unwrap_or(recent.per_second);
+        let job_seconds = self.job_seconds(read.at, window).or(fallback);
+        if job_seconds.is_none() && arrival_rate > 0.0 {
+            return None;
+        }
+        Some(LaneLoad {
+            arrival_rate,
+            recent_arrival_rate: Some(recent),
+            job_seconds,
+        })
     }
 
     /// `load` with the rates these reads give at `now`: the recent rate from the read made now,
@@ -101,7 +169,8 @@ impl LaneReads {
     }
 }
 
-/// One worker's answer: its finished-job count per lane.
+/// One worker's answer: its finished-job count per lane, the seconds those jobs ran and the
+/// depth it sees of each lane's queue.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerCount {
     pub worker: String,
@@ -109,10 +178,21 @@ pub struct WorkerCount {
     /// whole count is new. Otherwise a worker never read before only sets a baseline.
     pub started_since: bool,
     pub finished: BTreeMap<String, f64>,
+    /// `lanepool_job_duration_seconds_sum` by lane: a counter, as `finished` is.
+    pub seconds: BTreeMap<String, f64>,
+    /// `lanepool_queue_depth` by lane: a gauge, the lane's queue as this worker last saw it.
+    pub depth: BTreeMap<String, f64>,
 }
 
-/// Each worker's counts at the last read.
-pub type Baselines = BTreeMap<String, BTreeMap<String, f64>>;
+/// One worker's counters at a read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counters {
+    pub finished: BTreeMap<String, f64>,
+    pub seconds: BTreeMap<String, f64>,
+}
+
+/// Each worker's counters at the last read.
+pub type Baselines = BTreeMap<String, Counters>;
 
 /// The shortest job a worker is believed to finish: whatever its lane, no worker finishes more
 /// than a thousand jobs a second.
@@ -158,7 +238,7 @@ impl WorkerCount {
         span: Duration,
         job_seconds: &BTreeMap<String, f64>,
     ) -> Option<(String, f64, f64)> {
-        let before = baselines.get(&self.worker);
+        let before = baselines.get(&self.worker).map(|b| &b.finished);
         self.finished.iter().find_map(|(lane, count)| {
             let claimed = new_jobs(before, self.started_since, lane, *count);
             let most = Self::most_finished(span, job_seconds.get(lane).copied());
@@ -167,17 +247,18 @@ impl WorkerCount {
     }
 }
 
-/// What the workers finished per lane since `baselines`, summed over `answers`; `None` when the
-/// sum would miss some of it: a worker `expected` to answer (by name: another's answer never
-/// stands in for it) did not, or one answered that has no baseline and was running before. A
-/// count that went down is a restarted counter: its whole value is new (as Prometheus's
-/// `rate()` reads a reset). A worker gone since the last read is [`went_unread`]'s to tell.
+/// What the workers finished per lane since `baselines`, and the seconds those jobs ran, summed
+/// over `answers`; `None` when the sum would miss some of it: a worker `expected` to answer (by
+/// name: another's answer never stands in for it) did not, or one answered that has no baseline
+/// and was running before. A count that went down is a restarted counter: its whole value is
+/// new (as Prometheus's `rate()` reads a reset). A worker gone since the last read is
+/// [`went_unread`]'s to tell.
 pub fn finished_since(
     baselines: &Baselines,
     answers: &[WorkerCount],
     expected: &BTreeSet<String>,
-) -> Option<BTreeMap<String, f64>> {
-    let mut finished: BTreeMap<String, f64> = BTreeMap::new();
+) -> Option<Counters> {
+    let mut since = Counters::default();
     let mut complete = expected
         .iter()
         .all(|name| answers.iter().any(|a| a.worker == *name));
@@ -187,11 +268,40 @@ pub fn finished_since(
             complete = false;
         }
         for (lane, count) in &answer.finished {
-            *finished.entry(lane.clone()).or_default() +=
-                new_jobs(before, answer.started_since, lane, *count);
+            *since.finished.entry(lane.clone()).or_default() += new_jobs(
+                before.map(|b| &b.finished),
+                answer.started_since,
+                lane,
+                *count,
+            );
+        }
+        for (lane, seconds) in &answer.seconds {
+            *since.seconds.entry(lane.clone()).or_default() += new_jobs(
+                before.map(|b| &b.seconds),
+                answer.started_since,
+                lane,
+                *seconds,
+            );
         }
     }
-    complete.then_some(finished)
+    complete.then_some(since)
+}
+
+/// The depth of `lane`'s queue the workers saw: the median of their answers (one worker's
+/// claim never moves it alone); `None` when none said.
+pub fn median_depth(answers: &[WorkerCount], lane: &str) -> Option<f64> {
+    let mut depths: Vec<f64> = answers
+        .iter()
+        .filter_map(|a| a.depth.get(lane).copied())
+        .filter(|d| d.is_finite() && *d >= 0.0)
+        .collect();
+    depths.sort_by(f64::total_cmp);
+    let middle = depths.len() / 2;
+    match depths.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(depths[middle]),
+        _ => Some((depths[middle - 1] + depths[middle]) / 2.0),
+    }
 }
 
 /// Whether a worker the last read counted gave no answer now (its Pod gone or going): whatever
@@ -208,7 +318,13 @@ pub fn went_unread(baselines: &Baselines, answers: &[WorkerCount]) -> bool {
 pub fn baselines(answers: &[WorkerCount]) -> Baselines {
     answers
         .iter()
-        .map(|a| (a.worker.clone(), a.finished.clone()))
+        .map(|a| {
+            let counters = Counters {
+                finished: a.finished.clone(),
+                seconds: a.seconds.clone(),
+            };
+            (a.worker.clone(), counters)
+        })
         .collect()
 }
 
@@ -223,6 +339,7 @@ mod tests {
             worker: worker.into(),
             started_since,
             finished: BTreeMap::from([("urgent".to_string(), urgent)]),
+            ..WorkerCount::default()
         }
     }
 
@@ -235,7 +352,12 @@ mod tests {
         let mut reads = LaneReads::default();
         let minute = 60 * S;
         for i in 1..=6u32 {
-            reads.record((i - 1) * 5 * S, i * 5 * S, 150.0, minute);
+            reads.record(
+                (i - 1) * 5 * S,
+                i * 5 * S,
+                ReadCounts::finished(150.0),
+                minute,
+            );
         }
         assert_eq!(reads.recent(30 * S).map(|r| r.per_second), Some(30.0));
         assert_eq!(reads.recent(35 * S), None, "no read at 35 s");
@@ -245,7 +367,7 @@ mod tests {
             None,
             "25 s is under half the window"
         );
-        reads.record(30 * S, 35 * S, 750.0, minute);
+        reads.record(30 * S, 35 * S, ReadCounts::finished(750.0), minute);
         let long = reads.rate(35 * S, minute).unwrap_or_default();
         assert!((long - 1650.0 / 35.0).abs() < 1e-9, "{long}");
     }
@@ -254,12 +376,17 @@ mod tests {
     fn reads_older_than_kept_are_forgotten_and_bad_counts_never_recorded() {
         let mut reads = LaneReads::default();
         for i in 1..=40u32 {
-            reads.record((i - 1) * 5 * S, i * 5 * S, 50.0, 60 * S);
+            reads.record(
+                (i - 1) * 5 * S,
+                i * 5 * S,
+                ReadCounts::finished(50.0),
+                60 * S,
+            );
         }
         assert!(reads.reads.len() <= 13, "{}", reads.reads.len());
-        reads.record(200 * S, 205 * S, f64::NAN, 60 * S);
-        reads.record(205 * S, 205 * S, 10.0, 60 * S);
-        reads.record(205 * S, 210 * S, -1.0, 60 * S);
+        reads.record(200 * S, 205 * S, ReadCounts::finished(f64::NAN), 60 * S);
+        reads.record(205 * S, 205 * S, ReadCounts::finished(10.0), 60 * S);
+        reads.record(205 * S, 210 * S, ReadCounts::finished(-1.0), 60 * S);
         assert_eq!(reads.recent(210 * S), None);
         assert_eq!(reads.rate(200 * S, 60 * S), Some(10.0));
     }
@@ -272,7 +399,7 @@ mod tests {
             job_seconds: Some(0.02),
         };
         let mut reads = LaneReads::default();
-        reads.record(Duration::ZERO, 5 * S, 750.0, 60 * S);
+        reads.record(Duration::ZERO, 5 * S, ReadCounts::finished(750.0), 60 * S);
         let fresh = reads.applied_to(prometheus, 5 * S, 60 * S, Duration::ZERO);
         assert_eq!(fresh.recent_arrival_rate.map(|r| r.per_second), Some(150.0));
         assert_eq!(
@@ -283,6 +410,86 @@ mod tests {
         assert_eq!(
             reads.applied_to(prometheus, 10 * S, 60 * S, Duration::ZERO),
             prometheus
+        );
+    }
+
+    #[test]
+    fn a_queue_that_grew_counts_as_arrivals_and_the_reads_alone_measure_a_lane() {
+        let mut reads = LaneReads::default();
+        let minute = 60 * S;
+        // 5 s: 40 finished, the queue grew by 35: 75 arrived; the jobs ran 2 s in all.
+        let counted = ReadCounts {
+            finished: 40.0,
+            arrived: 75.0,
+            seconds: 2.0,
+        };
+        reads.record(Duration::ZERO, 5 * S, counted, minute);
+        let alone = reads.alone(5 * S, minute, 15 * S, None);
+        assert_eq!(
+            alone,
+            Some(LaneLoad {
+                arrival_rate: 15.0,
+                recent_arrival_rate: Some(RecentRate {
+                    per_second: 15.0,
+                    window: 5 * S
+                }),
+                job_seconds: Some(0.05),
+            }),
+            "5 s of reads: the recent rate stands for the long one, the jobs' own time"
+        );
+        // Younger than a scrape interval, the read stands in; older, it says nothing.
+        assert_eq!(reads.alone(19 * S, minute, 15 * S, None), alone);
+        assert_eq!(reads.alone(20 * S, minute, 15 * S, None), None);
+        // No job time counted: the fallback, or nothing while jobs arrive.
+        let mut untimed = LaneReads::default();
+        untimed.record(Duration::ZERO, 5 * S, ReadCounts::finished(10.0), minute);
+        assert_eq!(untimed.alone(5 * S, minute, 15 * S, None), None);
+        let fallback = untimed.alone(5 * S, minute, 15 * S, Some(0.1));
+        assert_eq!(fallback.and_then(|l| l.job_seconds), Some(0.1));
+        let mut idle = LaneReads::default();
+        idle.record(Duration::ZERO, 5 * S, ReadCounts::finished(0.0), minute);
+        assert_eq!(
+            idle.alone(5 * S, minute, 15 * S, None)
+                .map(|l| l.arrival_rate),
+            Some(0.0),
+            "nothing arrives: no job time is needed"
+        );
+    }
+
+    #[test]
+    fn the_depth_is_the_workers_median_and_seconds_count_like_jobs() {
+        let with_depth = |worker: &str, depth: f64| WorkerCount {
+            worker: worker.into(),
+            depth: BTreeMap::from([("urgent".to_string(), depth)]),
+            ..WorkerCount::default()
+        };
+        let answers = [
+            with_depth("a", 10.0),
+            with_depth("b", 1e9),
+            with_depth("c", 12.0),
+        ];
+        assert_eq!(
+            median_depth(&answers, "urgent"),
+            Some(12.0),
+            "b alone moves nothing"
+        );
+        assert_eq!(median_depth(&answers[..2], "urgent"), Some(5e8 + 5.0));
+        assert_eq!(median_depth(&answers, "batch"), None);
+        assert_eq!(median_depth(&[with_depth("a", f64::NAN)], "urgent"), None);
+        let timed = |seconds: f64| WorkerCount {
+            worker: "a".into(),
+            finished: BTreeMap::from([("urgent".to_string(), 10.0)]),
+            seconds: BTreeMap::from([("urgent".to_string(), seconds)]),
+            ..WorkerCount::default()
+        };
+        let base = baselines(&[timed(4.0)]);
+        let since = finished_since(&base, &[timed(4.5)], &names(&["a"])).unwrap_or_default();
+        assert_eq!(since.seconds.get("urgent"), Some(&0.5));
+        let restarted = finished_since(&base, &[timed(1.0)], &names(&["a"])).unwrap_or_default();
+        assert_eq!(
+            restarted.seconds.get("urgent"),
+            Some(&1.0),
+            "a reset: all new"
         );
     }
 
@@ -301,7 +508,7 @@ mod tests {
             answer("c", true, 7.0),  // started since the last read
         ];
         let urgent = finished_since(&base, &second, &names(&["a", "b", "c"]))
-            .and_then(|f| f.get("urgent").copied());
+            .and_then(|f| f.finished.get("urgent").copied());
         assert_eq!(urgent, Some(30.0 + 5.0 + 7.0));
     }
 
@@ -373,7 +580,7 @@ mod tests {
         );
         let with_b = [answer("a", false, 20.0), answer("b", false, 15.0)];
         assert_eq!(
-            finished_since(&base, &with_b, &both).and_then(|f| f.get("urgent").copied()),
+            finished_since(&base, &with_b, &both).and_then(|f| f.finished.get("urgent").copied()),
             Some(15.0)
         );
     }

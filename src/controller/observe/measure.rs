@@ -24,40 +24,58 @@ use crate::sizing::{LaneLoad, Loads, RecentRate, lane_load, single_value};
 
 /// Queries every lane at once (each lane's queries at once too, within the operator's limit on
 /// queries in flight; shared queries refreshed once per `period` for every pool) and reads
-/// their loads; a lane still waiting at `deadline` is unavailable.
+/// their loads; a lane still waiting at `deadline` is unavailable. Also the lanes whose arrival
+/// rate Prometheus answered with no series (its workers not scraped twice yet), each with its
+/// `jobTime.fallback`: the workers' reads may measure those alone.
 pub async fn measure(
     prometheus: &Client,
     lanes: &[LaneQueries],
     period: Duration,
     deadline: Duration,
-) -> Loads {
+) -> (Loads, BTreeMap<String, Option<f64>>) {
     let all = futures::future::join_all(
         lanes
             .iter()
             .map(|lane| measure_lane(prometheus, lane, period)),
     );
     match tokio::time::timeout(deadline, all).await {
-        Ok(loads) => lanes.iter().map(|l| l.lane.clone()).zip(loads).collect(),
-        Err(_) => lanes
-            .iter()
-            .map(|l| {
-                let reason = format!(
-                    "lane {}: Prometheus did not answer within the reconcile's deadline of {}",
-                    l.lane,
-                    human_seconds(deadline.as_secs_f64())
-                );
-                (l.lane.clone(), Err(reason))
-            })
-            .collect(),
+        Ok(answers) => {
+            let unseen = lanes
+                .iter()
+                .zip(&answers)
+                .filter(|(_, (_, unseen))| *unseen)
+                .map(|(l, _)| (l.lane.clone(), l.job_seconds_fallback))
+                .collect();
+            let loads = lanes
+                .iter()
+                .map(|l| l.lane.clone())
+                .zip(answers.into_iter().map(|(load, _)| load))
+                .collect();
+            (loads, unseen)
+        }
+        Err(_) => (
+            lanes
+                .iter()
+                .map(|l| {
+                    let reason = format!(
+                        "lane {}: Prometheus did not answer within the reconcile's deadline of {}",
+                        l.lane,
+                        human_seconds(deadline.as_secs_f64())
+                    );
+                    (l.lane.clone(), Err(reason))
+                })
+                .collect(),
+            BTreeMap::new(),
+        ),
     }
 }
 
-/// One lane's queries, at once.
+/// One lane's queries, at once; and whether Prometheus answered its arrival rate with no series.
 async fn measure_lane(
     prometheus: &Client,
     lane: &LaneQueries,
     period: Duration,
-) -> std::result::Result<LaneLoad, String> {
+) -> (std::result::Result<LaneLoad, String>, bool) {
     let recent = async {
         match &lane.recent_arrival_rate {
             Some(recent) => Some((recent, prometheus.ask(&recent.query, period).await)),
@@ -69,6 +87,7 @@ async fn measure_lane(
         prometheus.ask(&lane.job_time, period),
         recent,
     );
+    let unseen = matches!(&rate, Ok(series) if series.is_empty());
     let mut load = lane_load(&lane.lane, &rate, &job, lane.job_seconds_fallback);
     if let (Ok(load), Some((recent, answer))) = (&mut load, recent) {
         // Without an answer (fewer than two samples yet) the long window decides alone.
@@ -80,7 +99,7 @@ async fn measure_lane(
                     window: recent.window,
                 });
     }
-    load
+    (load, unseen)
 }
 
 /// How often a shared query is refreshed: three times per scrape interval, so an answer is never
@@ -96,6 +115,8 @@ pub(in crate::controller) struct Measured {
     pub(in crate::controller) loads: Loads,
     pub(in crate::controller) job_seconds: BTreeMap<String, f64>,
     pub(in crate::controller) connection: Option<Connection>,
+    /// The lanes Prometheus has no arrival-rate series of, with their `jobTime.fallback`.
+    pub(in crate::controller) unseen: BTreeMap<String, Option<f64>>,
 }
 
 /// Measures the pool in one round: the reserve lanes' loads and the other lanes' job times, all
@@ -125,6 +146,7 @@ pub(in crate::controller) async fn measure_pool(
             loads,
             job_seconds: BTreeMap::new(),
             connection: None,
+            unseen: BTreeMap::new(),
         });
     };
     let named = spec::Named {
@@ -146,7 +168,7 @@ pub(in crate::controller) async fn measure_pool(
     let period = refresh_period(ctx.settings.windows.scrape_interval);
     let deadline = measure_deadline(interval);
     let measured = lanes_job_seconds(pool, ctx, &client, &queries, deadline);
-    let (loads, mut job_seconds) =
+    let ((loads, unseen), mut job_seconds) =
         futures::join!(measure(&client, &queries, period, deadline), measured);
     job_seconds.extend(
         loads
@@ -157,6 +179,7 @@ pub(in crate::controller) async fn measure_pool(
         loads,
         job_seconds,
         connection: Some(connection),
+        unseen,
     })
 }
 

@@ -15,7 +15,7 @@ use crate::api::LanePool;
 use crate::controller::context::Context;
 use crate::controller::deployments::serves_metrics;
 use crate::controller::pods::PoolPods;
-use crate::controller::pods::finished_counts;
+use crate::controller::pods::worker_counts;
 use crate::controller::state::worker_reads::{CountsRead, WorkerReads};
 use crate::sizing::{Loads, WorkerCount};
 
@@ -79,12 +79,12 @@ pub(in crate::controller) async fn ask(
         .await
         .into_iter()
         .filter_map(|(worker, answered)| {
-            let finished = finished_counts(&answered.text, &lanes)?;
+            let counts = worker_counts(&answered.text, &lanes)?;
             counted_at.push(answered.at);
             Some(WorkerCount {
                 started_since: started_since.get(worker.as_str()).copied().unwrap_or(false),
-                finished,
                 worker,
+                ..counts
             })
         })
         .collect();

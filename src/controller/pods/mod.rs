@@ -14,4 +14,4 @@ mod text;
 
 pub(super) use super::worker::Worker;
 pub(super) use pool_pods::{MetricsText, POD_BUDGET, PoolPods, REQUESTS_IN_FLIGHT, budget};
-pub(super) use text::{finished_counts, gauge_values, parse_gauges, read_answer};
+pub(super) use text::{gauge_values, parse_gauges, read_answer, worker_counts};

@@ -5,9 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::controller::protocol::{BUSY_METRIC, DRAINING_METRIC, FINISHED_METRIC, STARTED_METRIC};
+use crate::controller::protocol::{
+    BUSY_METRIC, DEPTH_METRIC, DRAINING_METRIC, FINISHED_METRIC, JOB_SECONDS_METRIC, STARTED_METRIC,
+};
 use crate::controller::rollout::cost::Labelled;
 use crate::controller::rollout::drain::DrainAnswer;
+use crate::sizing::WorkerCount;
 
 /// The most busy and job-start series kept of one worker's answer.
 const MOST_SERIES: usize = 64;
@@ -97,21 +100,28 @@ fn parse_sample_line(line: &str) -> Option<(&str, BTreeMap<String, String>, &str
     Some((name, labels, rest))
 }
 
-/// The finished-job counts of `lanes` in a worker's `/metrics` text; `None` when it exports none
-/// (a worker that leaves counting to its queue), so that it is never read as zero. A `lane` not
-/// the pool's is dropped here, before anything is kept of it.
-pub fn finished_counts(text: &str, lanes: &[String]) -> Option<BTreeMap<String, f64>> {
-    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
+/// The counts of `lanes` in a worker's `/metrics` text: finished jobs, the seconds they ran and
+/// the depth the worker sees of each lane's queue (`worker` and `started_since` left for the
+/// caller); `None` when it exports no finished-job counts, not even their declaration (such a
+/// worker is no rate). Series of other lanes are never kept.
+pub fn worker_counts(text: &str, lanes: &[String]) -> Option<WorkerCount> {
+    let mut counts = WorkerCount::default();
     let mut exported = text
         .lines()
         .any(|l| l.starts_with("# TYPE lanepool_job_duration_seconds "));
     for (name, labels, value) in sample_lines(text) {
-        if name != FINISHED_METRIC || !value.is_finite() || value < 0.0 {
+        let kept = match name {
+            FINISHED_METRIC => &mut counts.finished,
+            JOB_SECONDS_METRIC => &mut counts.seconds,
+            DEPTH_METRIC => &mut counts.depth,
+            _ => continue,
+        };
+        if !value.is_finite() || value < 0.0 {
             continue;
         }
-        exported = true;
+        exported |= name == FINISHED_METRIC;
         if let Some(lane) = labels.get("lane").filter(|l| lanes.contains(l)) {
-            *counts.entry(lane.clone()).or_default() += value;
+            *kept.entry(lane.clone()).or_default() += value;
         }
     }
     exported.then_some(counts)
@@ -176,15 +186,21 @@ mod tests {
             lanepool_job_duration_seconds_sum{lane=\"urgent\"} 0.84\n\
             lanepool_job_duration_seconds_count{lane=\"batch\"} 7\n";
         let lanes = ["urgent".to_string(), "batch".to_string()];
-        let counts = finished_counts(text, &lanes).unwrap_or_default();
-        assert_eq!(counts.get("urgent"), Some(&42.0));
-        assert_eq!(counts.get("batch"), Some(&7.0));
-        let declared_no_jobs_yet = "# TYPE lanepool_job_duration_seconds histogram\n";
+        let counts = worker_counts(text, &lanes).unwrap_or_default();
+        assert_eq!(counts.finished.get("urgent"), Some(&42.0));
+        assert_eq!(counts.finished.get("batch"), Some(&7.0));
+        assert_eq!(counts.seconds.get("urgent"), Some(&0.84));
+        let declared_no_jobs_yet = "# TYPE lanepool_job_duration_seconds histogram\n\
+            lanepool_queue_depth{lane=\"urgent\"} 12\n";
+        let none_yet = worker_counts(declared_no_jobs_yet, &lanes).unwrap_or_default();
+        assert_eq!(none_yet.finished, BTreeMap::new());
+        assert_eq!(none_yet.depth.get("urgent"), Some(&12.0));
+        assert_eq!(worker_counts("lanepool_worker_busy 1\n", &lanes), None);
+        // A depth alone is no finished-job count.
         assert_eq!(
-            finished_counts(declared_no_jobs_yet, &lanes),
-            Some(BTreeMap::new())
+            worker_counts("lanepool_queue_depth{lane=\"urgent\"} 3\n", &lanes),
+            None
         );
-        assert_eq!(finished_counts("lanepool_worker_busy 1\n", &lanes), None);
     }
 
     #[test]
@@ -195,7 +211,7 @@ mod tests {
                 "lanepool_job_duration_seconds_count{{lane=\"made-up-{i}\"}} 1\n"
             ));
         }
-        let counts = finished_counts(&text, &["urgent".to_string()]);
+        let counts = worker_counts(&text, &["urgent".to_string()]).map(|c| c.finished);
         assert_eq!(counts, Some(BTreeMap::from([("urgent".to_string(), 3.0)])));
     }
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::sizing::{
-    Baselines, LaneReads, Loads, WorkerCount, baselines, finished_since, went_unread,
+    Baselines, LaneReads, Loads, ReadCounts, WorkerCount, baselines, finished_since, median_depth,
+    went_unread,
 };
 
 /// What a pool remembers of its reads between evaluations.
@@ -20,6 +21,8 @@ pub(in crate::controller) struct WorkerReads {
     /// rates are counted over) and the wall clock (Pods' start times are wall-clock times).
     last: Option<(Duration, Timestamp)>,
     lanes: BTreeMap<String, LaneReads>,
+    /// Each lane's queue depth at the last read, as its workers saw it (see [`median_depth`]).
+    depths: BTreeMap<String, f64>,
     /// When this evaluation's read was recorded; `None` when it was not (the workers could not
     /// be listed, none answered, one did not, one read last time is gone): then the last read
     /// that was a rate may stand in (see [`Self::apply_to`]).
@@ -105,16 +108,31 @@ impl WorkerReads {
         };
         let complete = finished_since(&self.baselines, &plausible, &expected)
             .filter(|_| !went_unread(&self.baselines, &answers));
-        if let (Some((since, _)), Some(finished)) = (self.last, complete) {
+        let depths: BTreeMap<String, f64> = lanes
+            .iter()
+            .filter_map(|lane| Some((lane.clone(), median_depth(&answers, lane)?)))
+            .collect();
+        if let (Some((since, _)), Some(counted)) = (self.last, complete) {
             for lane in lanes {
-                let count = finished.get(&lane).copied().unwrap_or(0.0);
+                let finished = counted.finished.get(&lane).copied().unwrap_or(0.0);
+                // A queue that grew took jobs that arrived; one that shrank, jobs that had.
+                let grew = match (self.depths.get(&lane), depths.get(&lane)) {
+                    (Some(before), Some(now)) => now - before,
+                    _ => 0.0,
+                };
+                let counts = ReadCounts {
+                    finished,
+                    arrived: (finished + grew).max(0.0),
+                    seconds: counted.seconds.get(&lane).copied().unwrap_or(0.0),
+                };
                 self.lanes
                     .entry(lane)
                     .or_default()
-                    .record(since, at, count, window);
+                    .record(since, at, counts, window);
             }
             self.current = Some(at);
         }
+        self.depths = depths;
         // Every answer is the next read's baseline, a dropped claim too: a worker that jumped
         // once is read again from there; one that keeps inflating is dropped every time.
         self.baselines = baselines(&answers);
@@ -126,18 +144,31 @@ impl WorkerReads {
 
     /// Gives each lane the rates this evaluation's read supports, or without one the last read
     /// that was a rate while it is younger than `prometheus_lag` (a scrape interval; see
-    /// [`LaneReads::applied_to`]); older than that, every lane keeps Prometheus's.
+    /// [`LaneReads::applied_to`]); older than that, every lane keeps Prometheus's. A lane
+    /// Prometheus has no series of yet (`unseen`, with its `jobTime.fallback`) is measured by
+    /// the reads alone when they can say (see [`LaneReads::alone`]): a new pool's workers are
+    /// read seconds after they start, and scraped twice only a scrape interval or two later.
     pub(in crate::controller) fn apply_to(
         &self,
         loads: &mut Loads,
         window: Duration,
         (now, prometheus_lag): (Duration, Duration),
+        unseen: &BTreeMap<String, Option<f64>>,
     ) {
         // This evaluation's read is current however long its answers took.
         let now = self.current.unwrap_or(now);
         for (lane, reads) in &self.lanes {
-            if let Some(Ok(load)) = loads.get_mut(lane) {
-                *load = reads.applied_to(*load, now, window, prometheus_lag);
+            match loads.get_mut(lane) {
+                Some(Ok(load)) => *load = reads.applied_to(*load, now, window, prometheus_lag),
+                Some(load @ Err(_)) => {
+                    let alone = unseen
+                        .get(lane)
+                        .and_then(|fallback| reads.alone(now, window, prometheus_lag, *fallback));
+                    if let Some(alone) = alone {
+                        *load = Ok(alone);
+                    }
+                }
+                None => {}
             }
         }
     }
@@ -157,6 +188,7 @@ mod tests {
                     worker: worker.to_string(),
                     started_since: false,
                     finished: BTreeMap::from([("urgent".to_string(), *urgent)]),
+                    ..WorkerCount::default()
                 })
                 .collect(),
             expected: expected.iter().map(|w| w.to_string()).collect(),
@@ -186,8 +218,45 @@ mod tests {
     /// The loads at `now`, Prometheus's recent rate spanning 15 s.
     fn applied_at(reads: &WorkerReads, now: Duration) -> Loads {
         let mut loads = prometheus_says();
-        reads.apply_to(&mut loads, 60 * S, (now, 15 * S));
+        reads.apply_to(&mut loads, 60 * S, (now, 15 * S), &BTreeMap::new());
         loads
+    }
+
+    #[test]
+    fn a_lane_prometheus_has_no_series_of_is_measured_by_the_reads_alone() {
+        let job = BTreeMap::new();
+        let depth = |at: Duration, finished: f64, depth: f64| {
+            let mut read = answers(at, &[("a", finished)], &["a"]);
+            if let Some(read) = &mut read {
+                read.answers[0].depth = BTreeMap::from([("urgent".to_string(), depth)]);
+                read.answers[0].seconds = BTreeMap::from([("urgent".to_string(), finished * 0.05)]);
+            }
+            read
+        };
+        let mut reads = WorkerReads::default();
+        reads.record(depth(5 * S, 100.0, 3.0), &job, 60 * S);
+        // 5 s: 40 finished and the queue grew 3 → 13: 50 arrived, 10/s of 50 ms jobs.
+        reads.record(depth(10 * S, 140.0, 13.0), &job, 60 * S);
+        let unmeasured = || -> Loads { Loads::from([("urgent".to_string(), Err("none".into()))]) };
+        let unseen = BTreeMap::from([("urgent".to_string(), None)]);
+        let mut loads = unmeasured();
+        reads.apply_to(&mut loads, 60 * S, (11 * S, 15 * S), &unseen);
+        let load = loads["urgent"].clone().expect("the reads alone measure it");
+        assert_eq!(load.arrival_rate, 10.0);
+        assert!((load.job_seconds.unwrap_or_default() - 0.05).abs() < 1e-9);
+        // Prometheus down (not "no series"): unknown, the reads never stand for it.
+        let mut loads = unmeasured();
+        reads.apply_to(&mut loads, 60 * S, (11 * S, 15 * S), &BTreeMap::new());
+        assert!(loads["urgent"].is_err());
+        // A queue that shrank counts as jobs that had arrived before: 40 finished, 13 → 3: 30.
+        reads.record(depth(15 * S, 180.0, 3.0), &job, 60 * S);
+        let mut loads = prometheus_says();
+        reads.apply_to(&mut loads, 60 * S, (15 * S, 15 * S), &unseen);
+        let recent = loads["urgent"]
+            .clone()
+            .ok()
+            .and_then(|l| l.recent_arrival_rate);
+        assert_eq!(recent.map(|r| r.per_second), Some(6.0));
     }
 
     #[test]

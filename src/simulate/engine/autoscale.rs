@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::observe::Counters;
 use super::scenario::{Autoscale, Nanos};
 use crate::sizing::{
-    Decision, History, Inputs, LaneLoad, LaneReads, Outage, RecentRate, Replicas, decide,
-    recent_window,
+    Decision, History, Inputs, LaneLoad, LaneReads, Outage, ReadCounts, RecentRate, Replicas,
+    decide, recent_window,
 };
 
 pub const LANE: &str = "urgent";
@@ -73,7 +73,7 @@ impl Control {
                 self.reads.record(
                     Duration::from_nanos(since),
                     Duration::from_nanos(now),
-                    finished as f64,
+                    ReadCounts::finished(finished as f64),
                     Duration::from_nanos(self.config.rate_window),
                 );
             }
