@@ -1,8 +1,9 @@
 """The Celery adapter against a real redis-server and real `celery worker` processes: strict lane
 order, reserved workers, drains (one landing as a job is handed to a slot, one as a countdown job
 comes due), stand-ins, SIGTERM, four slots counted in the main process, the wait from the
-producer's header, a Redis restart, and only the pool's credential steering it. Nothing here
-imitates Celery or Redis."""
+producer's header, a Redis restart, only the pool's credential steering it, a worker outside a
+LanePool running as plain Celery, and where a routed task lands. Nothing here imitates Celery or
+Redis."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import celery
 import pytest
 from celery.signals import before_task_publish
+from prometheus_client import CollectorRegistry
 from redis import Redis
 
 from lanepool_worker.celery import configure
@@ -51,6 +53,8 @@ APP = textwrap.dedent(
 
     app = Celery("lanes", broker=os.environ["BROKER_URL"])
     configure(app)
+    if os.environ.get("CONFIGURE_AGAIN"):
+        configure(app)  # adds nothing: one port, one set of hooks, one line said
     if os.environ.get("CONFIGURED_AFTER"):
         # Loaded after configure(app): replaces the whole configuration.
         class Late:
@@ -109,7 +113,9 @@ APP = textwrap.dedent(
 
 class CeleryWorker:
     """`celery -A lanes_app worker` as the operator starts it: lanepool's variables, a metrics
-    port, the pool's credential (None: LANEPOOL_CREDENTIAL_FILE unset), and its log in a file."""
+    port, the pool's credential (None: LANEPOOL_CREDENTIAL_FILE unset), and its log in a file.
+    Outside a pool (a laptop), none of the variables the operator sets: LANEPOOL_METRICS_ADDR
+    alone, left over in the shell."""
 
     def __init__(
         self,
@@ -118,18 +124,22 @@ class CeleryWorker:
         env: dict[str, str],
         args: list[str],
         credential: WorkerCredential | None,
+        outside_a_pool: bool = False,
     ) -> None:
         self.credential = credential
         self.metrics = ("127.0.0.1", free_port())
         self.log_path = app_dir / f"worker-{self.metrics[1]}.log"
+        operators = {
+            "LANEPOOL_POOL": "jobs",
+            **(credential.env if credential is not None else {}),
+        }
         environment = {
             **{name: text for name, text in os.environ.items() if not name.startswith("LANEPOOL")},
             "PYTHONPATH": os.pathsep.join([str(SRC), str(app_dir)]),
             "BROKER_URL": broker,
-            "LANEPOOL_POOL": "jobs",
             "HOSTNAME": f"jobs-{self.metrics[1]}",
             "LANEPOOL_METRICS_ADDR": f"127.0.0.1:{self.metrics[1]}",
-            **(credential.env if credential is not None else {}),
+            **({} if outside_a_pool else operators),
             **env,
         }
         with open(self.log_path, "wb") as log:
@@ -218,14 +228,20 @@ def start_worker(
         broker: str | None = None,
         app_env: dict[str, str] | None = None,
         credential: WorkerCredential | None = pools_credential,
+        outside_a_pool: bool = False,
     ) -> CeleryWorker:
-        env = {"LANEPOOL_LANES": lanes, "LANEPOOL_ROLE": role, **(app_env or {})}
+        """`outside_a_pool`: started as on a laptop, without LANEPOOL_LANES, LANEPOOL_ROLE,
+        LANEPOOL_POOL and the credential (`lanes`, `role` and `credential` unused)."""
+        operators = {} if outside_a_pool else {"LANEPOOL_LANES": lanes, "LANEPOOL_ROLE": role}
+        env = {**operators, **(app_env or {})}
         if slots is not None:
             env["LANEPOOL_SLOTS"] = str(slots)
         # Mingle, gossip and heartbeats talk to other workers: there are none, and they slow a
         # start down.
         args = ["-P", pool, "--without-mingle", "--without-gossip", "--without-heartbeat", *extra]
-        worker = CeleryWorker(app_dir, broker or redis_server.url, env, args, credential)
+        worker = CeleryWorker(
+            app_dir, broker or redis_server.url, env, args, credential, outside_a_pool
+        )
         workers.append(worker)
         return worker.wait_ready()
 
@@ -672,23 +688,117 @@ def test_the_consumer_hands_back_what_a_drain_or_stand_in_excludes():
     assert taken == ["batch", "urgent", "reports"]
 
 
-def test_a_producer_gets_no_state_and_a_worker_without_lanes_refuses_to_start(
-    app_dir, redis_server
+# -- outside a LanePool -------------------------------------------------------------------------
+
+# Logged by Celery as a warning in the main process: its default level (WARNING) shows it.
+SAID_OFF = (
+    "WARNING/MainProcess] lanepool is off (LANEPOOL_LANES is not set; the operator sets it in a "
+    "LanePool's workers): plain Celery"
+)
+
+
+def test_a_worker_without_lanepool_lanes_runs_as_plain_celery_and_says_why_once(
+    store, submit, start_worker
 ):
-    app = celery.Celery("producer", broker=redis_server.url)
-    assert configure(app, environ={}) is None
+    # -Q and -c are Celery's: lanepool replaces them only in a pool.
+    worker = start_worker(
+        outside_a_pool=True, extra=("-Q", "urgent", "-c", "2"), app_env={"CONFIGURE_AGAIN": "1"}
+    )
+    submit("batch", "b0", 0.0)
+    submit("urgent", "u0", 0.0)
+    wait_until("the job of -Q's queue done", lambda: listed(store, "finished") == ["u0"])
+    log = worker.log()
+    assert log.count("lanepool is off") == 1, log
+    assert SAID_OFF in log
+    assert "concurrency: 2 (prefork)" in log
+    assert "worker of pool" not in log
+    # No metrics port, though LANEPOOL_METRICS_ADDR names one: nothing to drain or stand in.
+    with pytest.raises(ConnectionRefusedError):
+        http(worker.metrics, "GET", "/metrics")
+    assert store.llen("batch") == 1, "a queue -Q did not name was taken"
+    assert worker.stop(signal.SIGTERM) == 0
+
+
+def test_a_worker_with_an_empty_lanepool_lanes_is_outside_a_pool_too(store, submit, start_worker):
+    worker = start_worker(outside_a_pool=True, app_env={"LANEPOOL_LANES": " "})
+    submit("celery", "c0", 0.0)  # the default queue, taken when no -Q names one
+    wait_until("the job done", lambda: listed(store, "finished") == ["c0"])
+    assert "lanepool is off (LANEPOOL_LANES is empty;" in worker.log()
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"LANEPOOL_LANES": "Urgent", "LANEPOOL_ROLE": "shared"}, 'LANEPOOL_LANES="Urgent"'),
+        ({"LANEPOOL_LANES": "urgent,batch"}, "LANEPOOL_ROLE is not set"),
+        (
+            {"LANEPOOL_LANES": "urgent", "LANEPOOL_ROLE": "shared", "LANEPOOL_SLOTS": "0"},
+            'LANEPOOL_SLOTS="0"',
+        ),
+    ],
+)
+def test_a_lanepool_lanes_with_a_value_is_the_operators_and_a_bad_environment_stops_the_worker(
+    app_dir, redis_server, variables, named
+):
     env = {name: text for name, text in os.environ.items() if not name.startswith("LANEPOOL_")}
     env.update(PYTHONPATH=os.pathsep.join([str(SRC), str(app_dir)]), BROKER_URL=redis_server.url)
     done = subprocess.run(
         [str(BIN / "celery"), "-A", "lanes_app", "worker", "--without-mingle"],
         cwd=app_dir,
-        env=env,
+        env={**env, "LANEPOOL_POOL": "jobs", **variables},
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert done.returncode != 0
-    assert "LANEPOOL_LANES is not set" in done.stderr + done.stdout
+    assert named in done.stderr + done.stdout
+    assert "lanepool is off" not in done.stderr + done.stdout
+
+
+def test_a_producer_gets_no_state_and_the_settings_alone():
+    # LANEPOOL_POOL is a producer's too (its counter's pool): it switches nothing on.
+    for environ in ({}, {"LANEPOOL_LANES": "", "LANEPOOL_POOL": "jobs"}):
+        app = celery.Celery("producer", broker="redis://127.0.0.1:1/0")
+        assert configure(app, environ) is None
+        assert app.conf.task_acks_late is True
+        assert app.conf.worker_prefetch_multiplier == 1
+        assert app.conf.broker_transport_options == {"queue_order_strategy": "priority"}
+        assert app.conf.worker_concurrency is None, "Celery's own concurrency, or -c"
+
+
+# -- routing a task to a lane ------------------------------------------------------------------
+
+
+def test_a_task_routed_to_a_lane_lands_in_the_redis_list_of_its_name_counted_under_it(
+    store, redis_server
+):
+    # As docs/workers.md tells: `apply_async(queue=)`, `task_routes`, `task_default_queue`.
+    app = celery.Celery("routes", broker=redis_server.url)
+    app.conf.task_routes = {"routes.resize": {"queue": "urgent"}}
+    app.conf.task_default_queue = "batch"
+    registry = CollectorRegistry()
+    producer = Producer("ns", "jobs", registry=registry)
+    producer.install_celery()
+
+    @app.task(name="routes.resize")
+    def resize() -> None: ...
+
+    @app.task(name="routes.report")
+    def report() -> None: ...
+
+    try:
+        resize.delay()
+        report.apply_async(queue="urgent")
+        report.delay()
+    finally:
+        before_task_publish.disconnect(producer.before_task_publish)
+    assert (store.llen("urgent"), store.llen("batch"), store.llen("celery")) == (2, 1, 0)
+
+    def submitted(lane: str) -> float | None:
+        labels = {"namespace": "ns", "pool": "jobs", "lane": lane}
+        return registry.get_sample_value("lanepool_jobs_submitted_total", labels)
+
+    assert (submitted("urgent"), submitted("batch")) == (2, 1)
 
 
 # -- the credential ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from lanepool_worker import ConfigError, config_from_env
+from lanepool_worker.config import why_off
 from processes import BIN
 
 GOOD = {"LANEPOOL_LANES": "urgent,batch", "LANEPOOL_ROLE": "shared", "LANEPOOL_POOL": "jobs"}
@@ -94,6 +95,33 @@ def test_the_workers_refuse_a_bad_environment_with_exit_code_2():
     done = subprocess.run([script], env=env, capture_output=True, text=True)
     assert done.returncode == 2
     assert "LANEPOOL_SLOTS=4" in done.stderr
+
+
+def test_only_lanepool_lanes_unset_or_empty_is_outside_a_pool():
+    assert why_off({}) == "LANEPOOL_LANES is not set"
+    assert why_off({"LANEPOOL_LANES": " "}) == "LANEPOOL_LANES is empty"
+    # The others switch nothing on or off: LANEPOOL_POOL alone is a producer's.
+    assert why_off({"LANEPOOL_POOL": "jobs", "LANEPOOL_ROLE": "shared"}) == (
+        "LANEPOOL_LANES is not set"
+    )
+    # A value is the operator's, malformed or not: config_from_env refuses it by name.
+    assert why_off({"LANEPOOL_LANES": "Urgent"}) is None
+    assert why_off(GOOD) is None
+
+
+def test_lanepool_rq_worker_outside_a_pool_exits_2_naming_lanepool_lanes_and_plain_rq():
+    # lanepool's own command: no plain mode to fall back to, but it says what to run instead.
+    script = str(BIN / "lanepool-rq-worker")
+    laptop = {"PATH": os.environ["PATH"]}
+    done = subprocess.run([script], env=laptop, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "error: LANEPOOL_LANES is not set" in done.stderr
+    assert "outside a LanePool, plain RQ takes the same jobs: rq worker QUEUE..." in done.stderr
+    # A pool's worker with a bad variable gets the error alone.
+    env = {"PATH": os.environ["PATH"], **with_(LANEPOOL_ROLE="dedicated")}
+    done = subprocess.run([script], env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "outside a LanePool" not in done.stderr
 
 
 def test_the_credential_file_is_where_the_operator_mounts_it_and_never_a_reason_to_stop():

@@ -1,8 +1,9 @@
 """Celery adapter: `configure(app)` makes `celery -A app worker` take its lanes in strict order, one
 job per slot, count job time, wait and busy slots in the worker's main process, serve the metrics
-port, and drain and stand in through its own consumer. It must never start anything outside a
-worker's main process (producers import the same app), nor send a drain to another worker, nor
-hand a job to a slot without being busy with it in the same step as it checks for a drain.
+port, and drain and stand in through its own consumer; without LANEPOOL_LANES (outside a LanePool)
+the worker runs as plain Celery. It must never start anything outside a worker's main process
+(producers import the same app), nor send a drain to another worker, nor hand a job to a slot
+without being busy with it in the same step as it checks for a drain.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 from celery.worker.worker import WorkController
 
-from .config import LANES_ENV, ConfigError, config_from_env
+from .config import ConfigError, config_from_env, why_off
 from .credential import unset_note
 from .producer import SUBMITTED_AT
 from .server import ServingThread, serve
@@ -38,27 +39,39 @@ def configure(app: Celery, environ: Mapping[str, str] = os.environ) -> WorkerSta
     protocol. Call it in the module `-A` names; a configuration loaded later
     (`config_from_object`) gets the same settings again.
 
-    Returns the worker's state, or None where `LANEPOOL_LANES` is not set (a producer importing
-    the app): there it only sets the settings, and a `celery worker` started without it fails at
-    start rather than take the wrong lanes. A malformed `LANEPOOL_*` raises `ConfigError`.
+    Returns the worker's state, or None where `LANEPOOL_LANES` is unset or empty (a producer
+    importing the app, or a `celery worker` outside a LanePool, such as on a laptop): there
+    lanepool is off. It only sets the settings, and a `celery worker` runs as plain Celery (its
+    own `-Q` and `-c`, no metrics port, drains or stand-ins) and says so in one warning at start.
+    A `LANEPOOL_LANES` with a value is the operator's: a malformed one, or a missing or malformed
+    `LANEPOOL_*` beside it, raises `ConfigError` naming the variable.
     """
-    configured: WorkerState | None = getattr(app, "_lanepool_state", None)
-    if configured is not None:
-        return configured  # configured already: one metrics port, one set of hooks
-    config = config_from_env(environ) if LANES_ENV in environ else None
-    settings = _settings(config.slots if config is not None else None)
+    if getattr(app, "_lanepool_configured", False):
+        # Configured already: one metrics port, one set of hooks, one warning.
+        configured: WorkerState | None = getattr(app, "_lanepool_state", None)
+        return configured
+    off = why_off(environ)
+    if off is not None:
+        _keep_settings(app, slots=None)
+        signals.celeryd_after_setup.connect(_say_off(app, off), weak=False)
+        app._lanepool_configured = True
+        return None
+    config = config_from_env(environ)
+    _keep_settings(app, slots=config.slots)
+    state = WorkerState(config)
+    _CeleryWorker(app, state).connect()
+    app._lanepool_state = state
+    app._lanepool_configured = True
+    return state
+
+
+def _keep_settings(app: Celery, slots: int | None) -> None:
+    settings = _settings(slots)
     # Celery replaces its whole configuration at each `config_from_object`, and tasks take
     # `acks_late` from it when the app is finalized: set again after every load.
     app.on_after_configure.connect(settings, weak=False)
     if app.configured:
         settings(source=app.conf)
-    if config is None:
-        signals.worker_init.connect(_refuse_to_start(app, environ), weak=False)
-        return None
-    state = WorkerState(config)
-    _CeleryWorker(app, state).connect()
-    app._lanepool_state = state
-    return state
 
 
 def _settings(slots: int | None) -> Callable[..., None]:
@@ -88,16 +101,20 @@ def _settings(slots: int | None) -> Callable[..., None]:
     return set_on
 
 
-def _refuse_to_start(app: Celery, environ: Mapping[str, str]) -> Callable[..., None]:
-    def refuse(sender: WorkController, **_: Any) -> None:
-        if sender.app is app:
-            try:
-                config_from_env(environ)
-            except ConfigError as error:
-                # Celery logs and swallows an Exception raised by a signal receiver.
-                raise SystemExit(f"lanepool: {error}") from None
+def _say_off(app: Celery, off: str) -> Callable[..., None]:
+    def say(sender: str, instance: WorkController, **_: Any) -> None:
+        # `celeryd_after_setup`: `celery worker`'s main process only, once its logging is set up
+        # and before it connects (a laptop without a broker still sees why). A warning, so that
+        # Celery's default log level shows it.
+        if instance.app is app:
+            log.warning(
+                "lanepool is off (%s; the operator sets it in a LanePool's workers): plain "
+                "Celery, with Celery's own queues and concurrency and no metrics port, drains "
+                "or stand-ins",
+                off,
+            )
 
-    return refuse
+    return say
 
 
 class _CeleryWorker:

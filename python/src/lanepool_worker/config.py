@@ -76,6 +76,19 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> Config:
     return Config(lanes, role, pool, name, slots, metrics_addr, credential_file)
 
 
+def why_off(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why lanepool is off in this process ("LANEPOOL_LANES is not set" or "... is empty"), or
+    None where LANEPOOL_LANES has a value, which `config_from_env` then reads and checks. The
+    operator sets it, never empty, in every container of a pool. It alone decides: a producer's
+    environment may hold LANEPOOL_POOL (its counter's pool) without being a worker."""
+    value = environ.get(LANES_ENV)
+    if value is None:
+        return f"{LANES_ENV} is not set"
+    if not value.strip():
+        return f"{LANES_ENV} is empty"
+    return None
+
+
 def _required(environ: Mapping[str, str], name: str, expected: str) -> str:
     value = environ.get(name)
     if value is None:

@@ -39,7 +39,7 @@ from rq.job import Job as RQJob
 from rq.queue import Queue
 from rq.worker import BaseWorker, SimpleWorker, Worker, WorkerStatus
 
-from .config import SLOTS_ENV, Config, ConfigError, config_from_env
+from .config import SLOTS_ENV, Config, ConfigError, config_from_env, why_off
 from .credential import unset_note
 from .depth import QueueDepth
 from .logs import setup_logging
@@ -416,6 +416,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     except ConfigError as e:
         print(f"lanepool-rq-worker: error: {e}", file=sys.stderr)
+        if why_off() is not None:
+            # lanepool's own command, run outside a LanePool (a laptop): say what to run instead.
+            print(
+                "lanepool-rq-worker: outside a LanePool, plain RQ takes the same jobs: "
+                "rq worker QUEUE... (in priority order)",
+                file=sys.stderr,
+            )
         return 2
     for path in reversed(args.path or ["."]):
         sys.path.insert(0, os.path.abspath(path))
