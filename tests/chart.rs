@@ -1518,7 +1518,16 @@ async fn install_and_size_a_pool(release: &str, namespaced: bool) {
     }
     let (ok, stdout, stderr) = helm(&args);
     assert!(ok, "helm install:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("kubectl apply -n"), "NOTES.txt:\n{stdout}");
+    // NOTES.txt points to a pool to start from and how to watch it, never to a manifest whose
+    // image is unpublished.
+    assert!(
+        stdout.contains("kubectl get lanepools"),
+        "NOTES.txt:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("examples/lanepool.yaml"),
+        "NOTES.txt:\n{stdout}"
+    );
 
     // What the chart installed: one ServiceAccount and the operator's Deployment.
     let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), &system)
