@@ -1,6 +1,7 @@
 //! The documentation cannot drift from the code or from itself: every field of the checked-in
-//! CRD is named in docs/reference.md and every field named there is in the CRD, and every
-//! relative link in README.md and docs/*.md reaches a file and, with `#anchor`, a heading.
+//! CRD is named in docs/reference.md and every field named there is in the CRD, every relative
+//! link in README.md and docs/*.md reaches a file and, with `#anchor`, a heading, and the two
+//! Prometheus examples scrape the same targets with the labels and interval the operator reads.
 //! It only reads files: no control plane, no network.
 
 use std::collections::BTreeSet;
@@ -350,4 +351,139 @@ fn every_relative_link_resolves() {
         "broken links:\n{}",
         broken_links.join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Prometheus examples scrape what the operator reads, and agree with each other.
+
+/// Reads an example's YAML.
+fn example(path: &str) -> Value {
+    serde_yaml::from_str(&read(&Path::new(ROOT).join(path)))
+        .unwrap_or_else(|e| panic!("{path} is YAML: {e}"))
+}
+
+/// A Pod label as Prometheus's Kubernetes discovery names it: each character that is not a
+/// letter, a digit or `_` becomes `_`.
+fn discovered(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// The operator's default `--scrape-interval`, as its flags declare it.
+fn default_scrape_interval() -> String {
+    use clap::Args as _;
+    let run = lanepool::run::RunArgs::augment_args(clap::Command::new("run"));
+    let flag = run
+        .get_arguments()
+        .find(|arg| arg.get_long() == Some("scrape-interval"))
+        .expect("lanepool run --scrape-interval");
+    let default = flag.get_default_values();
+    assert_eq!(default.len(), 1, "one default of --scrape-interval");
+    default[0].to_str().expect("a UTF-8 default").to_owned()
+}
+
+/// A relabelling rule in Prometheus's own keys, from the Prometheus Operator's camelCase ones.
+fn snake_case_rule(rule: &Value) -> Value {
+    let mut snake = serde_yaml::Mapping::new();
+    for (key, value) in rule.as_mapping().expect("a relabelling rule") {
+        let key = match key.as_str().expect("a rule's key") {
+            "sourceLabels" => "source_labels",
+            "targetLabel" => "target_label",
+            other => other,
+        };
+        snake.insert(key.into(), value.clone());
+    }
+    Value::Mapping(snake)
+}
+
+#[test]
+fn the_prometheus_examples_scrape_the_metrics_port_with_namespace_pool_and_pod() {
+    let pool_label = lanepool::api::POOL_LABEL;
+    let pool_meta = format!("__meta_kubernetes_pod_label_{}", discovered(pool_label));
+    assert_eq!(pool_meta, "__meta_kubernetes_pod_label_lanepool_dev_pool");
+    let monitor = example("examples/prometheus/podmonitor.yaml");
+    let config = example("examples/prometheus/scrape-config.yaml");
+
+    // The PodMonitor: every namespace's Pods with the pool label, at the port named `metrics`
+    // (the one docs/worker-protocol.md names), the Pod's labels winning over a worker's own.
+    assert_eq!(
+        monitor["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
+    assert_eq!(monitor["kind"].as_str(), Some("PodMonitor"));
+    let spec = &monitor["spec"];
+    assert_eq!(spec["namespaceSelector"]["any"].as_bool(), Some(true));
+    let selector: Value = serde_yaml::from_str(&format!(
+        "matchExpressions: [{{key: {pool_label}, operator: Exists}}]"
+    ))
+    .unwrap();
+    assert_eq!(spec["selector"], selector);
+    let endpoints = spec["podMetricsEndpoints"]
+        .as_sequence()
+        .expect("endpoints");
+    assert_eq!(endpoints.len(), 1, "one endpoint: {endpoints:?}");
+    let endpoint = &endpoints[0];
+    assert_eq!(endpoint["port"].as_str(), Some("metrics"));
+    assert_ne!(endpoint["honorLabels"].as_bool(), Some(true));
+    assert_ne!(endpoint["filterRunning"].as_bool(), Some(false));
+    let labelled: Vec<(String, String)> = endpoint["relabelings"]
+        .as_sequence()
+        .expect("the PodMonitor's relabelings")
+        .iter()
+        .map(|rule| {
+            let sources = rule["sourceLabels"]
+                .as_sequence()
+                .expect("one source label");
+            assert_eq!(sources.len(), 1, "{rule:?}");
+            let source = sources[0].as_str().unwrap().to_owned();
+            (rule["targetLabel"].as_str().unwrap().to_owned(), source)
+        })
+        .collect();
+    let wanted = [
+        ("namespace", "__meta_kubernetes_namespace"),
+        ("pool", pool_meta.as_str()),
+        ("pod", "__meta_kubernetes_pod_name"),
+    ]
+    .map(|(target, source)| (target.to_owned(), source.to_owned()));
+    assert_eq!(labelled, wanted);
+
+    // The plain job: what the Prometheus Operator makes of that endpoint (v0.93.0's
+    // pkg/prometheus/promcfg.go, generatePodMonitorConfig: the running filter, the selector, the
+    // port), then the endpoint's relabelings.
+    let jobs = config["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs");
+    assert_eq!(jobs.len(), 1, "one job: {jobs:?}");
+    let job = &jobs[0];
+    let sd: Value = serde_yaml::from_str("[{role: pod}]").unwrap();
+    assert_eq!(job["kubernetes_sd_configs"], sd);
+    assert_ne!(job["honor_labels"].as_bool(), Some(true));
+    let present = format!(
+        "__meta_kubernetes_pod_labelpresent_{}",
+        discovered(pool_label)
+    );
+    let generated: Value = serde_yaml::from_str(&format!(
+        "- {{source_labels: [__meta_kubernetes_pod_phase], regex: '(Failed|Succeeded)', \
+             action: drop}}\n\
+         - {{source_labels: [{present}], regex: 'true', action: keep}}\n\
+         - {{source_labels: [__meta_kubernetes_pod_container_port_name], regex: metrics, \
+             action: keep}}\n"
+    ))
+    .unwrap();
+    let mut rules = generated.as_sequence().unwrap().clone();
+    rules.extend(
+        endpoint["relabelings"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(snake_case_rule),
+    );
+    assert_eq!(job["relabel_configs"].as_sequence(), Some(&rules));
+
+    // Both scrape as often as the operator assumes by default.
+    let every = default_scrape_interval();
+    assert_eq!(endpoint["interval"].as_str(), Some(every.as_str()));
+    assert_eq!(job["scrape_interval"].as_str(), Some(every.as_str()));
 }

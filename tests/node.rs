@@ -1,8 +1,8 @@
 //! A new user's path on a real node: the images and the chart from an OCI registry, `helm
 //! install` as the README says, the operator running as two Pods with the chart's defaults, a
-//! Prometheus that finds the workers through the documented relabelling, and the README's first
-//! LanePool (RQ workers on Redis, in containers of the Python worker image) sized from its load,
-//! reached through kubectl. Then day 2: the leader's container killed, a pool whose image does
+//! Prometheus that finds the workers with examples/prometheus/scrape-config.yaml, and the
+//! README's first LanePool (RQ workers on Redis, in containers of the Python worker image) sized
+//! from its load, reached through kubectl. Then day 2: the leader's container killed, a pool whose image does
 //! not exist, `helm upgrade` to a new chart version and `helm uninstall`.
 //!
 //! The node is the pinned kubelet with Debian's containerd and runc ([`testenv::TestNode`]):
@@ -92,7 +92,7 @@ impl World {
         let redis = TestRedis::start_reachable_at(node.host()).expect("redis-server starts");
         let producer_metrics = testenv::free_port().unwrap();
         let prometheus =
-            TestPrometheus::start_scraping(&pool_scrape_configs(node, producer_metrics, None))
+            TestPrometheus::start_scraping(&pool_scrape_configs(node, producer_metrics, "1s"))
                 .expect("prometheus starts");
         Self {
             node,

@@ -128,8 +128,8 @@ fn out_dir() -> PathBuf {
 
 /// What both arms share: the node, its registry holding the Python worker image (already pulled
 /// by the node, so each arm's Pods start the same way), KEDA, and a Prometheus that finds the
-/// pool's workers through the documented relabelling and scrapes them and the producer every
-/// 15 s (the operator's default `--scrape-interval`).
+/// pool's workers with examples/prometheus/scrape-config.yaml and scrapes them and the producer
+/// every 15 s (the operator's default `--scrape-interval`, and the example's).
 struct World {
     node: &'static TestNode,
     kubectl: Kubectl,
@@ -152,12 +152,9 @@ impl World {
         let crd = Path::new(ROOT).join("crds/lanepool.dev_lanepools.yaml");
         kubectl.ok(&["apply", "--server-side", "-f", &crd.display().to_string()]);
         let producer_metrics = testenv::free_port().unwrap();
-        let prometheus = TestPrometheus::start_scraping(&pool_scrape_configs(
-            node,
-            producer_metrics,
-            Some("15s"),
-        ))
-        .expect("prometheus starts");
+        let prometheus =
+            TestPrometheus::start_scraping(&pool_scrape_configs(node, producer_metrics, "15s"))
+                .expect("prometheus starts");
         let world = Self {
             node,
             kubectl,

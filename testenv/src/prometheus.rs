@@ -208,8 +208,9 @@ impl TestPrometheus {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let config = dir.join("prometheus.yml");
         let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
-        // Pods carry their namespace, pool and pod as target labels, as the README's relabelling
-        // gives them in a cluster; a worker's own labels never override those.
+        // Pods carry their namespace, pool and pod as target labels, as the job of
+        // examples/prometheus/scrape-config.yaml gives them in a cluster; a worker's own labels
+        // never override those.
         let pod_targets = dir.join(POD_TARGETS);
         std::fs::write(&pod_targets, "[]\n").map_err(io("writing the pod targets file"))?;
         std::fs::write(
