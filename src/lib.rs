@@ -10,7 +10,8 @@
 //!   convention's queries; it knows nothing of the controller;
 //! - [`controller`]: the reconcile pipeline, read → step → measure → decide → apply → report;
 //! - [`run`], [`leader`], [`server`], [`metrics`]: `lanepool run` around the controller;
-//! - [`plan`], [`simulate`] and [`replay`]: the `plan`, `simulate` and `replay` commands.
+//! - [`plan`], [`simulate`] and [`replay`]: the `plan`, `simulate` and `replay` commands;
+//! - [`migrate`]: `lanepool migrate`, a worker Deployment as a LanePool.
 
 pub mod api;
 pub mod controller;
@@ -19,6 +20,7 @@ pub mod duration;
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod plan;
 pub mod prometheus;
 pub mod replay;

@@ -33,6 +33,9 @@ enum Command {
     /// current settings, the defaults, static splits and latency targets would have given, beside
     /// a hindsight reference, and which to set. Reads only; writes nothing to the cluster.
     Replay(Box<lanepool::replay::ReplayArgs>),
+    /// Turn a worker Deployment (`rq worker`, `celery worker`) into a LanePool: the LanePool on
+    /// stdout, what else to change on stderr. Reads only; writes nothing to the cluster.
+    Migrate(Box<lanepool::migrate::MigrateArgs>),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
             finish(lanepool::simulate::command::run(&args), |e| e.exit_code())
         }
         Command::Replay(args) => replay(&args),
+        Command::Migrate(args) => migrate(&args),
         Command::Plan(args) => finish(
             lanepool::plan::run(&args).map(|lines| lines.join("\n")),
             |e| e.exit_code(),
@@ -97,4 +101,23 @@ fn replay(args: &lanepool::replay::ReplayArgs) -> ExitCode {
     finish(runtime.block_on(lanepool::replay::replay(args)), |e| {
         e.exit_code()
     })
+}
+
+/// `lanepool migrate`: the LanePool on stdout, the steps (or the error) on stderr.
+fn migrate(args: &lanepool::migrate::MigrateArgs) -> ExitCode {
+    let runtime = match lanepool::run::runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(lanepool::migrate::migrate(args)) {
+        Ok(migration) => {
+            eprint!("{}", migration.steps);
+            print!("{}", migration.yaml);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
