@@ -409,11 +409,7 @@ fn without_defaults(pool: &mut Value) {
         ("slotsPerWorker", Value::from(1)),
         ("interval", Value::from(crate::api::DEFAULT_INTERVAL)),
     ];
-    for (key, default) in defaults {
-        if spec.get(key) == Some(&default) {
-            spec.remove(key);
-        }
-    }
+    remove_when_default(spec, &defaults);
     let reserves = spec
         .get_mut("lanes")
         .and_then(Value::as_sequence_mut)
@@ -421,10 +417,56 @@ fn without_defaults(pool: &mut Value) {
         .flatten()
         .filter_map(|lane| lane.get_mut("reserve").and_then(Value::as_mapping_mut));
     for reserve in reserves {
-        for (key, default) in [("min", Value::from(1)), ("sizing", Value::from("Queueing"))] {
-            if reserve.get(key) == Some(&default) {
-                reserve.remove(key);
-            }
+        remove_when_default(
+            reserve,
+            &[("min", Value::from(1)), ("sizing", Value::from("Queueing"))],
+        );
+    }
+    without_api_server_defaults(&mut pool["spec"]["template"]["spec"]);
+}
+
+/// What the API server writes into a Deployment read from the cluster that the user never did:
+/// the pool's template reads as the Deployment's manifest did.
+fn without_api_server_defaults(pod: &mut Value) {
+    let Some(pod) = pod.as_mapping_mut() else {
+        return;
+    };
+    remove_when_default(
+        pod,
+        &[
+            ("dnsPolicy", Value::from("ClusterFirst")),
+            ("restartPolicy", Value::from("Always")),
+            ("schedulerName", Value::from("default-scheduler")),
+            (
+                "securityContext",
+                Value::Mapping(serde_yaml::Mapping::new()),
+            ),
+        ],
+    );
+    let containers = pod
+        .get_mut("containers")
+        .and_then(Value::as_sequence_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_mapping_mut);
+    for container in containers {
+        remove_when_default(
+            container,
+            &[
+                (
+                    "terminationMessagePath",
+                    Value::from("/dev/termination-log"),
+                ),
+                ("terminationMessagePolicy", Value::from("File")),
+            ],
+        );
+    }
+}
+
+fn remove_when_default(mapping: &mut serde_yaml::Mapping, defaults: &[(&str, Value)]) {
+    for (key, default) in defaults {
+        if mapping.get(*key) == Some(default) {
+            mapping.remove(*key);
         }
     }
 }

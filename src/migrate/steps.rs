@@ -142,9 +142,9 @@ fn before(migrated: &Migrated, steps: &mut Vec<String>) {
                  from lanepool_worker.celery import configure\n  \
                  configure(app)   # after app = Celery(...)\n\
                  (docs/workers.md#celery), and pip install './python[celery]' from the lanepool \
-                 repository in the image, under a new tag for the pool alone: the old Deployment \
-                 keeps its image until it is retired, since a celery worker of an app with \
-                 configure(app) refuses to start without LANEPOOL_LANES. {runs}"
+                 repository in the image. The old Deployment may run that image too: without \
+                 LANEPOOL_LANES, configure(app) leaves lanepool off and the worker takes its -Q \
+                 and -c as before, with Celery's priority order, prefetch 1 and late acks. {runs}"
             ));
             slots(migrated, steps);
         }
@@ -186,39 +186,34 @@ fn slots(migrated: &Migrated, steps: &mut Vec<String>) {
     }
 }
 
+/// The producer needs no change; counting in it is what makes a burst seen sooner.
 fn arrival_rate(migrated: &Migrated) -> String {
-    let urgent = migrated.lanes().next().unwrap_or_default();
-    let labels = format!(
-        "namespace=\"{}\",pool=\"{}\",lane=\"{urgent}\"",
-        migrated.namespace().unwrap_or("NAMESPACE"),
+    let set = format!(
+        "LANEPOOL_NAMESPACE={} and LANEPOOL_POOL={} set in the producer",
+        migrated.namespace().unwrap_or("<namespace>"),
         migrated.name()
     );
-    let unmeasured = "Until one of them is there, the lane's metrics are unavailable and its \
-                      reserve stays as it is.";
-    match migrated.framework() {
+    let count = match migrated.framework() {
         Some(Framework::Rq) => format!(
-            "The urgent lane's arrival rate: the default query reads \
-             lanepool_jobs_submitted_total, which the producer counts when it enqueues through \
-             lanepool_worker.producer.submit_rq(queue, func, ...) with LANEPOOL_NAMESPACE and \
-             LANEPOOL_POOL set. Where the producer cannot change, give the urgent lane the \
-             workers' own series instead (docs/workers.md#the-arrival-rate-the-producers-counter-or-the-workers-alone):\n  \
-             arrivalRate:\n    \
-             query: sum(rate(lanepool_job_duration_seconds_count{{{labels}}}[1m])) + max(deriv(lanepool_queue_depth{{{labels}}}[1m]))\n\
-             {unmeasured}"
+            "lanepool_worker.producer.submit_rq(queue, func, ...) in place of \
+             queue.enqueue(func, ...), with {set}"
         ),
-        Some(Framework::Celery) => format!(
-            "The urgent lane's arrival rate: the default query reads \
-             lanepool_jobs_submitted_total, which the producer counts once it calls \
-             lanepool_worker.producer.install_celery_hook() (LANEPOOL_NAMESPACE and LANEPOOL_POOL \
-             set): docs/workers.md#celery. Celery's workers export no queue depth, so their own \
-             series alone do not give the rate. {unmeasured}"
-        ),
-        None => format!(
-            "The urgent lane's arrival rate and job time: the workers and the producer must \
-             export the metric convention (docs/worker-protocol.md#the-metric-convention). \
-             {unmeasured}"
-        ),
-    }
+        Some(Framework::Celery) => {
+            format!("lanepool_worker.producer.install_celery_hook(), with {set}")
+        }
+        None => {
+            return "The arrival rate and job time come from the workers: they must export the \
+                    metric convention (docs/worker-protocol.md#the-metric-convention), with \
+                    lanepool_queue_depth for the queue's growth to count."
+                .into();
+        }
+    };
+    format!(
+        "The producer needs no change: the urgent lane's arrival rate is the workers' finished \
+         jobs plus the growth of its queue (docs/workers.md#the-arrival-rate-the-producers-counter-or-the-workers-alone). \
+         Optionally, for the pool to see a burst before the queue shows it, count in the \
+         producer: {count}."
+    )
 }
 
 /// Apply the pool and wait for its workers, with the old ones still running.
