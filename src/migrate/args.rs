@@ -13,7 +13,7 @@ use crate::duration;
 /// `lanepool-rq-worker`) and `celery … worker -Q A,B` (the same command; the app adds
 /// `configure(app)`). The first queue becomes the urgent lane, with a reserve; the others are
 /// lanes without one. Reads only; writes nothing to the cluster.
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct MigrateArgs {
     /// Read the Deployment from this manifest (YAML, several documents or a List) instead of
     /// the cluster.
@@ -52,7 +52,7 @@ pub struct MigrateArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub reserve_max: Option<i32>,
     /// The urgent lane's jobTime.fallback: its job time assumed until its jobs are measured.
-    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = job_time)]
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_JOB_TIME, value_parser = job_time)]
     pub job_time: String,
     /// spec.slotsPerWorker: jobs one worker runs at once [default: a Celery worker's
     /// --concurrency, else 1].
@@ -62,6 +62,28 @@ pub struct MigrateArgs {
     /// Celery, the app with configure(app)) [default: the Deployment's].
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
+}
+
+/// The urgent lane's `jobTime.fallback` when no flag sets it: the examples' first pools'.
+pub const DEFAULT_JOB_TIME: &str = "50ms";
+
+/// The flags' defaults, as `lanepool migrate` alone gives them.
+impl Default for MigrateArgs {
+    fn default() -> Self {
+        Self {
+            from_file: None,
+            deployment: None,
+            namespace: None,
+            container: None,
+            name: None,
+            lanes: Vec::new(),
+            total_workers: None,
+            reserve_max: None,
+            job_time: DEFAULT_JOB_TIME.into(),
+            slots_per_worker: None,
+            image: None,
+        }
+    }
 }
 
 /// A job time as the CRD takes it (`jobTime.fallback`): more than 0, at most 24h; kept as written.
@@ -77,6 +99,22 @@ fn job_time(value: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_is_what_clap_gives_without_flags() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: MigrateArgs,
+        }
+        let parsed = <Cli as clap::Parser>::parse_from(["lanepool", "-f", "x.yaml"]).args;
+        let default = MigrateArgs::default();
+        assert_eq!(parsed.job_time, default.job_time);
+        assert_eq!(
+            (parsed.lanes, parsed.total_workers, parsed.reserve_max),
+            (default.lanes, default.total_workers, default.reserve_max)
+        );
+    }
 
     #[test]
     fn a_job_time_is_kept_as_written_within_the_crds_bounds() {

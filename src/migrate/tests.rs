@@ -93,10 +93,7 @@ fn migrate(manifest: &str, args: MigrateArgs) -> Result<Migration, MigrateError>
 }
 
 fn defaults() -> MigrateArgs {
-    MigrateArgs {
-        job_time: "50ms".into(),
-        ..MigrateArgs::default()
-    }
+    MigrateArgs::default()
 }
 
 fn migrated(manifest: &str, args: MigrateArgs) -> (LanePool, Migration) {
