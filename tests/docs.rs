@@ -487,3 +487,204 @@ fn the_prometheus_examples_scrape_the_metrics_port_with_namespace_pool_and_pod()
     assert_eq!(endpoint["interval"].as_str(), Some(every.as_str()));
     assert_eq!(job["scrape_interval"].as_str(), Some(every.as_str()));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The README's and the chart's NOTES.txt's commands and manifests, against the code.
+
+/// A fenced code block: the fence's language, the lines inside.
+type Block = (String, Vec<String>);
+
+/// The fenced code blocks of `markdown`.
+fn code_blocks(markdown: &str) -> Vec<Block> {
+    let (mut blocks, mut open): (Vec<Block>, Option<Block>) = (Vec::new(), None);
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        match (trimmed.strip_prefix("```"), open.take()) {
+            (Some(language), None) => open = Some((language.trim().to_string(), Vec::new())),
+            (Some(_), Some(block)) => blocks.push(block),
+            (None, Some((language, mut lines))) => {
+                lines.push(line.to_string());
+                open = Some((language, lines));
+            }
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+/// The shell commands of `markdown` and `extra` lines: each line of a `sh` or `console` block
+/// (a console line only after its `$ `), with `\` continuations joined and comments cut, and
+/// each command in backticks in the text that starts with one of `programs`.
+fn commands(markdown: &str, programs: &[&str]) -> Vec<String> {
+    let mut commands = Vec::new();
+    for (language, lines) in code_blocks(markdown) {
+        if language != "sh" && language != "console" {
+            continue;
+        }
+        let mut joined = String::new();
+        for line in lines {
+            let line = line.trim().to_string();
+            let line = match language.as_str() {
+                "console" if joined.is_empty() => match line.strip_prefix("$ ") {
+                    Some(command) => command.to_string(),
+                    None => continue,
+                },
+                _ => line,
+            };
+            let line = line.split(" # ").next().unwrap_or_default().trim_end();
+            match line.strip_suffix('\\') {
+                Some(more) => joined.push_str(more),
+                None => {
+                    joined.push_str(line);
+                    commands.push(std::mem::take(&mut joined));
+                }
+            }
+        }
+    }
+    for line in prose(markdown) {
+        for (i, quoted) in line.split('`').enumerate() {
+            if i % 2 == 1
+                && programs
+                    .iter()
+                    .any(|p| quoted.starts_with(&format!("{p} ")))
+            {
+                commands.push(quoted.to_string());
+            }
+        }
+    }
+    commands
+}
+
+/// `command`'s words up to a redirection or a pipe, shell quotes taken off (no variables or
+/// globs are expanded).
+fn words(command: &str) -> Vec<String> {
+    let (mut words, mut word, mut quote) = (Vec::new(), String::new(), None);
+    for c in command.chars() {
+        if quote.is_none() && (c == '>' || c == '|') {
+            break;
+        }
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => quote = Some(c),
+            (None, c) if c.is_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+#[test]
+fn every_lanepool_command_in_the_readme_is_one_the_binary_takes() {
+    let readme = read(&Path::new(ROOT).join("README.md"));
+    let lanepool: Vec<Vec<String>> = commands(&readme, &["lanepool"])
+        .iter()
+        .map(|c| words(c))
+        .filter(|w| w.first().is_some_and(|p| p == "lanepool"))
+        .collect();
+    assert!(lanepool.len() >= 3, "{lanepool:?}");
+    for command in lanepool {
+        // Each flag is parsed in turn before `--help` is reached: an unknown flag or a bad
+        // value exits 2, naming it.
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_lanepool"))
+            .args(&command[1..])
+            .arg("--help")
+            .output()
+            .expect("running lanepool");
+        assert!(
+            output.status.success(),
+            "README: `{}`: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// The files a command names by a relative path, such as `kubectl apply -f examples/x.yaml`.
+fn named_files(command: &[String]) -> Vec<String> {
+    command
+        .windows(2)
+        .filter(|w| w[0] == "-f" || w[0] == "--filename")
+        .map(|w| w[1].clone())
+        .filter(|path| !path.starts_with('/') && !path.contains('$') && path != "-")
+        .collect()
+}
+
+#[test]
+fn every_file_and_chart_value_the_readme_and_notes_name_exists() {
+    let root = Path::new(ROOT);
+    let readme = read(&root.join("README.md"));
+    let notes = read(&root.join("charts/lanepool/templates/NOTES.txt"));
+    let values: Value =
+        serde_yaml::from_str(&read(&root.join("charts/lanepool/values.yaml"))).unwrap();
+    let mut checked = 0;
+    for command in commands(&readme, &["kubectl", "helm", "lanepool"]) {
+        let command = words(&command);
+        for file in named_files(&command) {
+            // A file the reader writes first (`> pool.yaml`) is theirs, not the repository's.
+            if readme.contains(&format!("> {file}")) {
+                continue;
+            }
+            assert!(
+                root.join(&file).exists(),
+                "README: {file} is not in the repository"
+            );
+            checked += 1;
+        }
+        if command.first().is_some_and(|p| p == "helm") {
+            for set in command.windows(2).filter(|w| w[0] == "--set") {
+                let key = set[1].split('=').next().unwrap_or_default();
+                let mut at = &values;
+                for part in key.split('.') {
+                    at = at
+                        .get(part)
+                        .unwrap_or_else(|| panic!("README: helm --set {key}: no such value"));
+                }
+                checked += 1;
+            }
+        }
+    }
+    // NOTES.txt names files of the repository in prose, each ending in .yaml, .md or a `/`.
+    for word in notes.split(|c: char| c.is_whitespace() || "(),:;".contains(c)) {
+        let word = word.trim_end_matches('.');
+        if (word.starts_with("examples/") || word.starts_with("docs/") || word.starts_with("crds/"))
+            && !word.contains("{{")
+        {
+            assert!(
+                root.join(word).exists(),
+                "NOTES.txt: {word} is not in the repository"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "{checked} names checked");
+}
+
+#[test]
+fn the_readmes_first_pool_is_the_example_it_names() {
+    let root = Path::new(ROOT);
+    let readme = read(&root.join("README.md"));
+    let shipped: Value =
+        serde_yaml::from_str(&read(&root.join("examples/redis/lanepool-rq.yaml"))).unwrap();
+    let pools: Vec<Value> = code_blocks(&readme)
+        .into_iter()
+        .filter(|(language, _)| language == "yaml")
+        .filter_map(|(_, lines)| serde_yaml::from_str::<Value>(&lines.join("\n")).ok())
+        .filter(|v| v.get("kind").and_then(Value::as_str) == Some("LanePool"))
+        .collect();
+    assert_eq!(
+        pools,
+        [shipped],
+        "README's LanePool and examples/redis/lanepool-rq.yaml"
+    );
+    // And the binary's own reading of it: a LanePool the operator takes.
+    let pool: lanepool::api::LanePool = serde_yaml::from_value(pools[0].clone()).unwrap();
+    assert_eq!(pool.spec.total_workers, Some(10));
+}

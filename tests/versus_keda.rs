@@ -192,14 +192,15 @@ impl World {
     }
 
     /// Starts produce.py on `redis`: the urgent profile for the workload's duration, or, with
-    /// `backlog_only`, the batch backlog alone (it returns once submitted). The same seed in
-    /// every arm: the same arrivals and job times.
+    /// `backlog_only`, the batch backlog alone (it returns once submitted); with `plain`, as a
+    /// producer no one changed (`Queue.enqueue`, nothing counted). The same seed in every arm:
+    /// the same arrivals and job times.
     fn produce(
         &self,
         redis: &TestRedis,
         namespace: &str,
         work: &Workload,
-        backlog_only: bool,
+        (backlog_only, plain): (bool, bool),
     ) -> Child {
         let python = testenv::python_program("python").expect("./tests/setup.sh made it");
         let log = out_dir().join(format!("produce-{namespace}.log"));
@@ -209,6 +210,9 @@ impl World {
             .args(["--queue", "rq", "--url", &redis.url(), "--seed", "1"])
             .args(["--namespace", namespace, "--pool", "jobs"])
             .args(["--metrics-port", &self.producer_metrics.to_string()]);
+        if plain {
+            command.arg("--plain");
+        }
         if backlog_only {
             command
                 .args(["--duration", "0", "--lane", "batch", "--rate", "0"])
@@ -239,6 +243,9 @@ fn replace(text: &str, from: &str, to: &str, times: usize) -> String {
 enum Arm {
     Keda,
     LanePool,
+    /// A team's plain RQ Deployment (examples/redis/rq-today.yaml) and an unchanged producer,
+    /// turned into a LanePool by `lanepool migrate` ten seconds into the urgent profile.
+    Migrated,
 }
 
 impl Arm {
@@ -246,14 +253,20 @@ impl Arm {
         match self {
             Arm::Keda => "KEDA 2.21",
             Arm::LanePool => "lanepool",
+            Arm::Migrated => "lanepool, migrated, producer unchanged",
         }
+    }
+
+    /// Whether the arm's producer is left as a team has it (no counter, no stamp).
+    fn plain_producer(self) -> bool {
+        self == Arm::Migrated
     }
 
     /// The Deployments whose replicas show the arm resizing: the urgent lane's first.
     fn deployments(self) -> [&'static str; 2] {
         match self {
             Arm::Keda => ["rq-urgent", "rq-batch"],
-            Arm::LanePool => ["jobs-urgent-reserved", "jobs-shared"],
+            Arm::LanePool | Arm::Migrated => ["jobs-urgent-reserved", "jobs-shared"],
         }
     }
 
@@ -273,6 +286,13 @@ impl Arm {
                 let yaml = replace(&yaml, "address: 127.0.0.1:6379", &address, 2);
                 let min = format!("minReplicaCount: {}", work.keda_min_replicas);
                 replace(&yaml, "minReplicaCount: 1", &min, 2)
+            }
+            Arm::Migrated => {
+                let shipped =
+                    std::fs::read_to_string(Path::new(ROOT).join("examples/redis/rq-today.yaml"))
+                        .unwrap();
+                let yaml = replace(&shipped, "image: lanepool-python-worker", &image, 1);
+                replace(&yaml, "redis://127.0.0.1:6379/0", &url, 1)
             }
             Arm::LanePool => {
                 let shipped = std::fs::read_to_string(
@@ -369,6 +389,12 @@ struct Figures {
     hpa_last_scale: Option<String>,
     ledger: testenv::Ledger,
     load: String,
+    /// A migrated arm's switch: when its LanePool was applied and its old Deployment deleted,
+    /// in seconds from the first urgent arrival.
+    switch: Option<(f64, f64)>,
+    /// And the urgent wait p99 (and jobs) before the pool was applied, during the switch, and
+    /// from the switch to the spike.
+    across_switch: Option<[Option<(f64, usize)>; 3]>,
 }
 
 /// The load average, as `uptime` prints it.
@@ -385,6 +411,7 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
     let namespace = testenv::unique_name(match arm {
         Arm::Keda => "keda",
         Arm::LanePool => "lanepool",
+        Arm::Migrated => "migrated",
     });
     let kubectl = &world.kubectl;
     kubectl.ok(&["create", "namespace", &namespace]);
@@ -428,14 +455,14 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         }
     });
 
-    let operator = (arm == Arm::LanePool).then(|| start_operator(world, &namespace));
+    let operator = (arm != Arm::Keda).then(|| start_operator(world, &namespace));
     apply(
         kubectl,
         &namespace,
         &format!("{namespace}.yaml"),
         &arm.manifest(world, &redis, work),
     );
-    let mut backlog = world.produce(&redis, &namespace, work, true);
+    let mut backlog = world.produce(&redis, &namespace, work, (true, arm.plain_producer()));
     assert!(
         backlog.wait().unwrap().success(),
         "produce.py queued the backlog"
@@ -460,6 +487,7 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
                     == WORKERS.to_string()
                     && ready_pods(&pods) == WORKERS
             }
+            Arm::Migrated => ready_pods(&pods) == WORKERS,
         }
     })
     .await;
@@ -472,8 +500,10 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
     );
 
     // The run.
-    let mut producer = Killed(world.produce(&redis, &namespace, work, false));
+    let mut producer =
+        Killed(world.produce(&redis, &namespace, work, (false, arm.plain_producer())));
     let run_start = testenv::now_unix();
+    let migration = (arm == Arm::Migrated).then(|| migrate(world.node, &namespace, &pods));
     let mut records = BTreeMap::new();
     let mut last_read = Instant::now();
     loop {
@@ -487,6 +517,7 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let run_end = testenv::now_unix();
+    let switch = migration.map(|m| m.join().expect("the migration"));
     let load = load();
     let ledger = redis.settle("rq:queue:urgent", "rq:queue:batch").await;
     read_records(&redis, SUBMITTED, &mut records);
@@ -521,6 +552,32 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
             (n > 0).then(|| (testenv::p99(waits), n))
         })
         .collect();
+    let urgent_p99_in = |from: f64, to: f64| {
+        let waits: Vec<f64> = records
+            .values()
+            .filter(|r| r.origin == "urgent")
+            .filter_map(|r| Some((r.enqueued?, r.started?)))
+            .filter(|(enqueued, _)| (from..to).contains(enqueued))
+            .map(|(enqueued, started)| started - enqueued)
+            .collect();
+        let n = waits.len();
+        (n > 0).then(|| (testenv::p99(waits), n))
+    };
+    let spike_start = first + work.windows()[2].1;
+    let across_switch = switch.map(|(applied, switched)| {
+        eprintln!(
+            "{}: the LanePool applied {:.0} s and the old Deployment deleted {:.0} s after the \
+             first urgent arrival",
+            arm.name(),
+            applied - first,
+            switched - first
+        );
+        [
+            urgent_p99_in(first, applied),
+            urgent_p99_in(applied, switched),
+            urgent_p99_in(switched, spike_start),
+        ]
+    });
     let urgent_not_started = records
         .values()
         .filter(|r| r.origin == "urgent" && r.started.is_none())
@@ -626,6 +683,10 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         Arm::LanePool => {
             kubectl.ok(&["delete", "lanepool", "jobs", "-n", &namespace]);
         }
+        Arm::Migrated => {
+            kubectl.ok(&["delete", "lanepool", "jobs", "-n", &namespace]);
+            kubectl.ok(&["delete", "deployments", "--all", "-n", &namespace]);
+        }
     }
     testenv::until(120, "the arm's Pods gone", || async {
         kubectl
@@ -649,7 +710,76 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         hpa_last_scale,
         ledger,
         load,
+        switch: switch.map(|(applied, switched)| (applied - first, switched - first)),
+        across_switch,
     }
+}
+
+/// Ten seconds into the run, what a user does: `lanepool migrate` of the running Deployment
+/// `rq-workers` into a LanePool `jobs`, applied as it printed it; once the pool's workers are all
+/// Ready beside the old ones, the old Deployment deleted (its workers finish the job in hand in
+/// their grace period). The wall-clock times the pool was applied and the old Deployment
+/// deleted.
+fn migrate(
+    node: &'static TestNode,
+    namespace: &str,
+    pods: &Arc<Mutex<BTreeMap<String, Pod>>>,
+) -> std::thread::JoinHandle<(f64, f64)> {
+    let (namespace, pods) = (namespace.to_owned(), pods.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(10));
+        let output = Command::new(env!("CARGO_BIN_EXE_lanepool"))
+            .args([
+                "migrate",
+                "--deployment",
+                &format!("{namespace}/rq-workers"),
+            ])
+            .args(["--name", "jobs"])
+            .env("KUBECONFIG", node.plane().kubeconfig())
+            .output()
+            .expect("running lanepool migrate");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "lanepool migrate: {said}");
+        eprintln!("lanepool migrate said:\n{said}");
+        let pool = String::from_utf8(output.stdout).expect("YAML");
+        apply(&Kubectl(node), &namespace, "migrated-pool.yaml", &pool);
+        let applied = testenv::now_unix();
+        let pool_ready = || {
+            let pods = pods.lock().unwrap();
+            pods.values()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                .filter(|pod| {
+                    pod.metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| l.contains_key("lanepool.dev/pool"))
+                })
+                .filter(|pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while pool_ready() < WORKERS {
+            assert!(
+                Instant::now() < deadline,
+                "the migrated pool's workers never all Ready"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Kubectl(node).ok(&[
+            "delete",
+            "deployment",
+            "rq-workers",
+            "-n",
+            &namespace,
+            "--wait=false",
+        ]);
+        (applied, testenv::now_unix())
+    })
 }
 
 /// Each Deployment's spec.replicas where it changed, as `name: replicas@second …`, the seconds
@@ -729,6 +859,34 @@ fn table(work: &Workload, arms: &[Figures]) -> String {
     let mut row = |label: &str, cell: &dyn Fn(&Figures) -> String| {
         rows.push((label.to_owned(), arms.iter().map(cell).collect()));
     };
+    for (i, name) in [
+        "before the pool",
+        "during the switch",
+        "after it, before the spike",
+    ]
+    .iter()
+    .enumerate()
+    {
+        row(
+            &format!("urgent wait p99 {name} (a migration)"),
+            &|f| match (f.switch, f.across_switch.map(|w| w[i])) {
+                (Some(_), Some(Some((p99, n)))) => format!(
+                    "{:.0} ms = {:.1} × job ({n} jobs)",
+                    p99 * 1000.0,
+                    p99 * 1000.0 / ms
+                ),
+                (Some(_), _) => "no jobs".into(),
+                (None, _) => "–".into(),
+            },
+        );
+    }
+    row(
+        "the switch (pool applied → old Deployment deleted)",
+        &|f| {
+            f.switch
+                .map_or("–".into(), |(a, d)| format!("{a:.0} s → {d:.0} s"))
+        },
+    );
     row("urgent jobs never started", &|f| {
         f.urgent_not_started.to_string()
     });
@@ -799,12 +957,13 @@ async fn lanepool_and_keda_run_the_same_rq_workload_on_the_real_node() {
     );
     let keda = run_arm(&world, Arm::Keda, &work).await;
     let lanepool = run_arm(&world, Arm::LanePool, &work).await;
-    let arms = [keda, lanepool];
+    let migrated = run_arm(&world, Arm::Migrated, &work).await;
+    let arms = [keda, lanepool, migrated];
     let table = table(&work, &arms);
     std::fs::write(out_dir().join("table.md"), &table).unwrap();
-    eprintln!("[{:.0?}] both arms ran\n\n{table}", began.elapsed());
+    eprintln!("[{:.0?}] the arms ran\n\n{table}", began.elapsed());
 
-    let [keda, lanepool] = &arms;
+    let [keda, lanepool, migrated] = &arms;
     for figures in &arms {
         let name = figures.arm.name();
         assert!(
@@ -837,4 +996,18 @@ async fn lanepool_and_keda_run_the_same_rq_workload_on_the_real_node() {
         "lanepool never resized the reserve: {lanepool:?}"
     );
     assert_eq!(lanepool.ledger.cut_short, 0, "{lanepool:?}");
+    // The migration: the pool took over before the spike with no job cut short (the old
+    // workers finished theirs in their grace period), and its reserve followed the spike from
+    // the workers and the queue alone, the producer unchanged.
+    let spike = work.windows()[2].1;
+    assert!(
+        migrated.switch.is_some_and(|(_, deleted)| deleted < spike),
+        "the migrated pool did not take over before the spike: {migrated:?}"
+    );
+    assert_eq!(migrated.ledger.cut_short, 0, "{migrated:?}");
+    let (_, high) = migrated.replicas[0];
+    assert!(
+        high >= 3,
+        "the migrated pool's reserve did not follow the spike: {migrated:?}"
+    );
 }

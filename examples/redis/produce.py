@@ -8,6 +8,10 @@ a line a second.
         --lane urgent --rate 0s=30,40s=150,80s=30 --job-ms 20 \\
         --lane batch --rate 4 --job-ms 2000..4000 --backlog 200
 
+With `--plain` it is a producer no one changed for lanepool: RQ's own `Queue.enqueue` and
+Celery's own `apply_async(queue=...)`, nothing counted or stamped and no metrics served (the
+operator then measures the lanes from the workers and the queues' depth).
+
 It only submits: it never takes, runs or removes a job.
 """
 
@@ -64,6 +68,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[Lane]]:
     parser.add_argument("--metrics-port", type=int, default=9465)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--queue", choices=["rq", "celery"], default="rq", help="whose jobs")
+    parser.add_argument(
+        "--plain", action="store_true", help="enqueue as a producer unchanged for lanepool does"
+    )
     lane_parser = argparse.ArgumentParser(prog="--lane")
     lane_parser.add_argument("name")
     lane_parser.add_argument("--rate", type=rate_profile, default=[(0.0, 1.0)])
@@ -82,8 +89,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[Lane]]:
 def main(argv: list[str]) -> None:
     args, lanes = parse(argv)
     redis = Redis.from_url(args.url)
-    producer = Producer(args.namespace, args.pool)
-    start_http_server(args.metrics_port)
+    producer = None if args.plain else Producer(args.namespace, args.pool)
+    if producer is not None:
+        start_http_server(args.metrics_port)
     rng = random.Random(args.seed)
     counts = {lane.name: 0 for lane in lanes}
     send = celery_sender(args.url, producer, redis) if args.queue == "celery" else None
@@ -94,7 +102,11 @@ def main(argv: list[str]) -> None:
         if send is not None:
             send(lane.name, seconds)
         else:
-            job = producer.submit_rq(queues[lane.name], "jobs.sleep_job", seconds)
+            queue = queues[lane.name]
+            if producer is None:
+                job = queue.enqueue("jobs.sleep_job", seconds)
+            else:
+                job = producer.submit_rq(queue, "jobs.sleep_job", seconds)
             redis.sadd(SUBMITTED, job.id)
         counts[lane.name] += 1
 
@@ -119,13 +131,17 @@ def main(argv: list[str]) -> None:
         time.sleep(max(0.0, min([*due.values(), next_line]) - time.monotonic()))
 
 
-def celery_sender(url: str, producer: Producer, redis: Redis) -> Callable[[str, float], None]:
+def celery_sender(
+    url: str, producer: Producer | None, redis: Redis
+) -> Callable[[str, float], None]:
     """Sends the demo's Celery task (celery_app.py, which reads its broker from the environment
-    when imported), stamped and counted by the producer's publish hook."""
+    when imported), stamped and counted by the producer's publish hook unless `producer` is
+    `None` (`--plain`)."""
     os.environ["LANEPOOL_REDIS_URL"] = url
     import celery_app
 
-    producer.install_celery()
+    if producer is not None:
+        producer.install_celery()
 
     def send(lane: str, seconds: float) -> None:
         celery_app.submit(redis, lane, seconds)
