@@ -91,16 +91,6 @@ if wanted lanepool || wanted lane-worker; then
   cp "$bin_dir/examples/lane_worker" "$context/lane-worker/lane-worker"
 fi
 
-# The Python image's context: the package's sources, the demo's jobs, and the pins the Python
-# tests run against, less the test tools.
-python_context=$context/python-worker
-mkdir -p "$python_context/python" "$python_context/examples/redis"
-tar -C python --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md src |
-  tar -C "$python_context/python" -xf -
-cp examples/redis/*.py "$python_context/examples/redis/"
-grep -vE '^[[:space:]]*(#|$)|^(pytest|ruff)([^A-Za-z0-9_.-]|$)' python/requirements-test.txt \
-  >"$python_context/requirements.txt"
-
 # Storage of its own under target/: nothing is left in the machine's image store.
 buildah_cmd=(buildah --root "$out/storage" --runroot "$out/run" --storage-driver vfs)
 
@@ -164,31 +154,43 @@ push_image() { # name image
   echo "images: pushed $to@$(cat "$digest_file")"
 }
 
+# The build context of each image: the Rust images' is the directory prepared above; the Python
+# image's is the repository's root, as a team building it from a checkout has it (.dockerignore
+# lets through only what its COPY lines name).
+context_of() { # name
+  case $1 in
+    python-worker) echo "$root" ;;
+    *) echo "$context/$1" ;;
+  esac
+}
+
 build_image() { # name [build option...]
   local name=$1
   shift
   local started=$SECONDS
+  local build_context
+  build_context=$(context_of "$name")
   local image=$registry/$name:$version
   local archive=$out/$name.tar
   rm -f "$archive"
   case $builder in
     buildah)
       "${buildah_cmd[@]}" bud --quiet --isolation chroot --build-arg "VERSION=$version" "$@" \
-        -f "images/$name.Dockerfile" -t "$image" "$context/$name" >/dev/null
+        -f "images/$name.Dockerfile" -t "$image" "$build_context" >/dev/null
       "${buildah_cmd[@]}" push --quiet "$image" "oci-archive:$archive:$image"
       if [ -n "${LANEPOOL_IMAGE_PUSH:-}" ]; then push_image "$name" "$image"; fi
       "${buildah_cmd[@]}" rmi --force "$image" >/dev/null
       ;;
     podman)
       podman build --quiet --build-arg "VERSION=$version" "$@" \
-        -f "images/$name.Dockerfile" -t "$image" "$context/$name" >/dev/null
+        -f "images/$name.Dockerfile" -t "$image" "$build_context" >/dev/null
       podman save --quiet --format oci-archive -o "$archive" "$image"
       if [ -n "${LANEPOOL_IMAGE_PUSH:-}" ]; then push_image "$name" "$image"; fi
       ;;
     docker)
       # Docker 25 and later save an OCI image layout (with Docker's manifest.json beside it).
       docker build --quiet --build-arg "VERSION=$version" "$@" \
-        -f "images/$name.Dockerfile" -t "$image" "$context/$name" >/dev/null
+        -f "images/$name.Dockerfile" -t "$image" "$build_context" >/dev/null
       docker save -o "$archive" "$image"
       if [ -n "${LANEPOOL_IMAGE_PUSH:-}" ]; then push_image "$name" "$image"; fi
       ;;
@@ -197,9 +199,11 @@ build_image() { # name [build option...]
       exit 1
       ;;
   esac
-  # The largest file of the context: the binary of a Rust image.
-  local binary_bytes
-  binary_bytes=$(find "$context/$name" -type f -printf '%s\n' | sort -n | tail -n 1)
+  # The largest file of a Rust image's context: its binary.
+  local binary_bytes=0
+  if [ "$name" != python-worker ]; then
+    binary_bytes=$(find "$build_context" -type f -printf '%s\n' | sort -n | tail -n 1)
+  fi
   awk -v image="$image" -v archive="${archive#"$root"/}" -v bytes="$(stat -c %s "$archive")" \
     -v binary="$binary_bytes" -v python="$([ "$name" = python-worker ] && echo 1)" \
     -v seconds=$((SECONDS - started)) 'BEGIN {
