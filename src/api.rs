@@ -111,10 +111,12 @@ pub const LANE_LABEL: &str = "lanepool.dev/lane";
 ).message("spec.prometheus.timeout must be shorter than spec.interval").field_path(".prometheus.timeout"))]
 pub struct LanePoolSpec {
     /// Lanes in priority order: shared workers take the first lane with work waiting. At least
-    /// one lane has a reserve and at least one has none (the lane shared workers fall back to).
+    /// one lane has a reserve and at least one has none (the lane shared workers fall back to);
+    /// no two take the same queue.
     #[schemars(length(min = 1, max = 16))]
     #[x_kube(
         validation = Rule::new("self.all(a, self.filter(b, b.name == a.name).size() == 1)").message("lane names must be unique"),
+        validation = Rule::new("self.all(a, self.filter(b, (has(b.queue) ? b.queue : b.name) == (has(a.queue) ? a.queue : a.name)).size() == 1)").message("two lanes may not take the same queue (a lane without spec.lanes[].queue takes the queue of its name)"),
         validation = Rule::new("self.exists(l, has(l.reserve))").message("at least one lane needs a reserve (reserved workers)"),
         validation = Rule::new("self.exists(l, !has(l.reserve))").message("at least one lane must have no reserve: the lane shared workers take when no reserve lane has work")
     )]
@@ -183,12 +185,23 @@ pub struct LanePoolSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Lane {
-    /// The lane's name, as workers see it in LANEPOOL_LANES: a DNS label such as `urgent`.
+    /// The lane's name, as workers see it in LANEPOOL_LANES and label their metrics: a DNS label
+    /// such as `urgent` (it is part of Deployment names and label values).
     #[schemars(
         length(min = 1, max = 40),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
+
+    /// The queue the lane's workers take its jobs from, when it is not the lane's name: an RQ
+    /// queue, a Celery queue, a Redis list's name after the prefix, such as `high_priority`.
+    /// Default: the lane's name. 1–255 bytes (a RabbitMQ queue name's limit), without `,`, `=`,
+    /// spaces or control characters (LANEPOOL_QUEUES, and Celery's -Q, separate at them). Workers
+    /// learn it from LANEPOOL_QUEUES; metrics, drains and stand-ins still name the lane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MOST_QUEUE_BYTES), regex(pattern = QUEUE_PATTERN))]
+    #[x_kube(validation = Rule::new("bytes(self).size() <= 255").message("a lane's queue is at most 255 bytes (UTF-8)"))]
+    pub queue: Option<String>,
 
     /// Workers reserved for this lane only. Lanes without a reserve are served by shared workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -608,6 +621,23 @@ impl Default for OnMetricsUnavailable {
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             hold_limit: KubeDuration::new(DEFAULT_HOLD_LIMIT),
         }
+    }
+}
+
+/// The most bytes (UTF-8) `spec.lanes[].queue` may have: AMQP's limit on a queue's name, so a
+/// name that works on Redis also works on RabbitMQ. The CRD also bounds it in characters (the
+/// same number), which the API server's cost estimate of the CEL rules needs.
+pub const MOST_QUEUE_BYTES: u32 = 255;
+
+/// What `spec.lanes[].queue` may not contain: the separators of LANEPOOL_QUEUES (`,` and `=`),
+/// spaces and control characters (command lines such as `celery -Q` and environment variables
+/// cannot carry them intact).
+pub const QUEUE_PATTERN: &str = r"^[^,=\x00-\x20\x7f]+$";
+
+impl Lane {
+    /// The queue the lane's workers take from: `queue`, else the lane's name.
+    pub fn queue(&self) -> &str {
+        self.queue.as_deref().unwrap_or(&self.name)
     }
 }
 

@@ -156,6 +156,7 @@ async fn every_field_round_trips_through_the_api() {
         lanes: vec![
             Lane {
                 name: "urgent".into(),
+                queue: Some("high_priority".into()),
                 reserve: Some(Reserve {
                     min: 2,
                     max: 7,
@@ -172,6 +173,7 @@ async fn every_field_round_trips_through_the_api() {
             },
             Lane {
                 name: "interactive".into(),
+                queue: None,
                 reserve: Some(Reserve {
                     min: 0,
                     max: 1,
@@ -183,6 +185,7 @@ async fn every_field_round_trips_through_the_api() {
             },
             Lane {
                 name: "batch".into(),
+                queue: Some("rq:low.priority/€".into()),
                 reserve: None,
             },
         ],
@@ -241,6 +244,79 @@ async fn every_field_round_trips_through_the_api() {
         .await
         .expect("accepted");
     assert_eq!(api.get("basic-auth").await.expect("read back").spec, basic);
+}
+
+#[tokio::test]
+async fn a_lane_takes_a_queue_that_is_no_dns_label_of_at_most_255_bytes_not_characters() {
+    let (client, namespace) = client_and_namespace().await;
+    let with_queue = |name: &str, queue: Value| {
+        let mut manifest = example();
+        manifest["metadata"]["name"] = json!(name);
+        manifest["spec"]["lanes"][0]["queue"] = queue;
+        manifest
+    };
+    let api: Api<LanePool> = Api::namespaced(client.clone(), &namespace);
+    let accepted = [
+        ("high-priority", "high_priority".to_string()),
+        ("ascii-255", "q".repeat(255)),
+        // 128 characters, 255 bytes.
+        ("two-byte-255", format!("{}q", "é".repeat(127))),
+        // 85 characters, 255 bytes.
+        ("three-byte-255", "€".repeat(85)),
+    ];
+    for (name, queue) in accepted {
+        create(&client, &namespace, with_queue(name, json!(queue)))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let lane = &api.get(name).await.expect("read back").spec.lanes[0];
+        assert_eq!(
+            (lane.name.as_str(), lane.queue()),
+            ("urgent", queue.as_str())
+        );
+    }
+    // Left out (or null), the lane takes the queue of its name: nothing is filled in.
+    for (name, queue) in [("absent", None), ("null", Some(Value::Null))] {
+        let mut manifest = example();
+        manifest["metadata"]["name"] = json!(name);
+        if let Some(queue) = queue {
+            manifest["spec"]["lanes"][0]["queue"] = queue;
+        }
+        let created = create(&client, &namespace, manifest)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let lane = &created.data["spec"]["lanes"][0];
+        assert!(
+            lane.get("queue").is_none_or(Value::is_null),
+            "{name}: {lane}"
+        );
+        let read = &api.get(name).await.expect("read back").spec.lanes[0];
+        assert_eq!((read.queue.as_deref(), read.queue()), (None, "urgent"));
+    }
+
+    // One byte more: 256 characters are refused by the schema, and 128 or 86 characters of 256
+    // or 258 bytes by the CEL rule, naming bytes.
+    let error = refused(&client, &namespace, "ascii-256", |s| {
+        s["lanes"][0]["queue"] = json!("q".repeat(256))
+    })
+    .await;
+    assert_eq!(error.code, 422, "{error:?}");
+    assert!(error.message.contains("spec.lanes[0].queue"), "{error:?}");
+    assert!(error.message.contains("255"), "{error:?}");
+    for (name, queue) in [
+        ("two-byte-256", "é".repeat(128)),
+        ("three-byte-258", "€".repeat(86)),
+    ] {
+        let error = refused(&client, &namespace, name, |s| {
+            s["lanes"][0]["queue"] = json!(queue)
+        })
+        .await;
+        assert_eq!(error.code, 422, "{name}: {error:?}");
+        assert!(
+            error.message.contains("spec.lanes[0].queue")
+                && error.message.contains("at most 255 bytes"),
+            "{name}: {error:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -371,6 +447,45 @@ async fn bad_manifests_are_refused_with_the_field_named() {
             "lane-not-a-dns-label",
             Box::new(|s| s["lanes"][0]["name"] = json!("Urgent_Lane")),
             &["spec.lanes[0].name"],
+        ),
+        (
+            "empty-queue",
+            Box::new(|s| s["lanes"][0]["queue"] = json!("")),
+            &["spec.lanes[0].queue"],
+        ),
+        (
+            "queue-with-a-comma",
+            Box::new(|s| s["lanes"][0]["queue"] = json!("high,priority")),
+            &["spec.lanes[0].queue", "should match"],
+        ),
+        (
+            "queue-with-an-equals-sign",
+            Box::new(|s| s["lanes"][0]["queue"] = json!("priority=high")),
+            &["spec.lanes[0].queue", "should match"],
+        ),
+        (
+            "queue-with-a-space",
+            Box::new(|s| s["lanes"][0]["queue"] = json!("high priority")),
+            &["spec.lanes[0].queue", "should match"],
+        ),
+        (
+            "queue-with-a-newline",
+            Box::new(|s| s["lanes"][0]["queue"] = json!("high\npriority")),
+            &["spec.lanes[0].queue", "should match"],
+        ),
+        (
+            "two-lanes-one-queue",
+            Box::new(|s| {
+                s["lanes"][0]["queue"] = json!("jobs");
+                s["lanes"][1]["queue"] = json!("jobs");
+            }),
+            &["spec.lanes", "two lanes may not take the same queue"],
+        ),
+        (
+            // batch takes the queue of its name, which urgent names too.
+            "a-queue-named-as-another-lane",
+            Box::new(|s| s["lanes"][0]["queue"] = json!("batch")),
+            &["spec.lanes", "two lanes may not take the same queue"],
         ),
         (
             "fixed-reserve-without-reserve",

@@ -81,6 +81,7 @@ pub fn lanes(names: &[String], reserve_max: i32, job_time: &str) -> Vec<Lane> {
         .enumerate()
         .map(|(at, name)| Lane {
             name: name.clone(),
+            queue: None,
             reserve: (at == 0).then(|| Reserve {
                 min: 1,
                 max: reserve_max,

@@ -260,6 +260,7 @@ mod tests {
     fn a_lane_not_measured_this_time_keeps_its_last_job_time_and_a_removed_lane_is_forgotten() {
         let lane = |name: &str| Lane {
             name: name.into(),
+            queue: None,
             reserve: None,
         };
         let mut memory = PoolMemory::default();
