@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::credential;
 use super::protocol::{METRICS_PORT, TAKEOVER_CONDITION};
-use crate::api::{LANE_LABEL, LanePool, POOL_LABEL, ROLE_LABEL};
+use crate::api::{LANE_LABEL, Lane, LanePool, POOL_LABEL, ROLE_LABEL};
 use crate::sizing::Replicas;
 
 /// The env var telling a worker which lanes to take, in preference order.
@@ -26,6 +26,9 @@ pub const ROLE_ENV: &str = "LANEPOOL_ROLE";
 pub const POOL_ENV: &str = "LANEPOOL_POOL";
 /// The env var telling a worker how many jobs to run at once (`spec.slotsPerWorker`).
 pub const SLOTS_ENV: &str = "LANEPOOL_SLOTS";
+/// The env var telling a worker the queue of each of its lanes that takes another queue than
+/// its name (`spec.lanes[].queue`), as `lane=queue,…` in priority order.
+pub const QUEUES_ENV: &str = "LANEPOOL_QUEUES";
 
 /// Deployment annotation: a hash of the pod template as applied, so an unchanged Deployment is
 /// not written again.
@@ -183,6 +186,11 @@ pub fn worker_deployments(pool: &LanePool, replicas: &Replicas) -> Vec<Deploymen
 
 fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
     let pool_name = pool.name_any();
+    // The lanes the role's workers take, in priority order: a stand-in names only these.
+    let own_lanes: Vec<&Lane> = match role {
+        Role::Reserved { lane } => pool.spec.lanes.iter().filter(|l| l.name == *lane).collect(),
+        Role::Shared => pool.spec.lanes.iter().collect(),
+    };
     let lanes = match role {
         Role::Reserved { lane } => lane.clone(),
         Role::Shared => pool
@@ -215,6 +223,12 @@ fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
     // before the field existed, so upgrading the operator rolls no worker over.
     if pool.spec.slots_per_worker != 1 {
         env.push((SLOTS_ENV, pool.spec.slots_per_worker.to_string()));
+    }
+    // The same: only workers with a lane whose queue is not its name have it, so a pool of
+    // lanes named as their queues keeps its template, and a queue set on one lane rolls over
+    // only the workers that take that lane.
+    if let Some(queues) = queues(&own_lanes) {
+        env.push((QUEUES_ENV, queues));
     }
     if let Some(spec) = template.spec.as_mut() {
         for container in &mut spec.containers {
@@ -258,6 +272,18 @@ fn deployment(pool: &LanePool, role: &Role, replicas: i32) -> Deployment {
         }),
         status: None,
     }
+}
+
+/// `lane=queue,…` for each of `lanes` whose queue is not its name, in priority order; None when
+/// every one takes the queue of its name. The CRD keeps `,` and `=` out of a queue's name and
+/// a lane's name, so the text splits back unambiguously.
+fn queues(lanes: &[&Lane]) -> Option<String> {
+    let renamed: Vec<String> = lanes
+        .iter()
+        .filter(|lane| lane.queue() != lane.name)
+        .map(|lane| format!("{}={}", lane.name, lane.queue()))
+        .collect();
+    (!renamed.is_empty()).then(|| renamed.join(","))
 }
 
 /// FNV-1a: stable across Rust releases and processes, unlike `DefaultHasher`.
@@ -538,6 +564,96 @@ mod tests {
             (owner.kind.as_str(), owner.controller),
             ("LanePool", Some(true))
         );
+    }
+
+    /// A pool of one-job workers with a metrics port, every lane taking the queue of its name.
+    fn pool_of_today() -> LanePool {
+        let mut pool: LanePool = serde_yaml::from_str(
+            "apiVersion: lanepool.dev/v1alpha1
+kind: LanePool
+metadata: {name: jobs, namespace: team, uid: '1234'}
+spec:
+  lanes:
+    - {name: urgent, reserve: {max: 4}}
+    - {name: batch}
+  totalWorkers: 6
+  template:
+    spec:
+      containers:
+        - name: worker
+          image: worker:1
+          ports: [{name: metrics, containerPort: 9100}]
+          env: [{name: LANEPOOL_METRICS_ADDR, value: '0.0.0.0:9100'}]
+",
+        )
+        .expect("the pool parses");
+        pool.metadata.uid = Some("1234".into());
+        pool
+    }
+
+    #[test]
+    fn an_upgrade_leaves_the_pod_templates_of_existing_pools_as_they_were() {
+        // A changed template rolls every worker of the pool over: the operator's own additions
+        // (LANEPOOL_QUEUES, LANEPOOL_SLOTS, ...) appear only where a pool asks for them. The
+        // hashes are those of the templates before spec.lanes[].queue existed.
+        let replicas = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 2)]),
+            shared: 4,
+        };
+        let hashes: Vec<String> = worker_deployments(&pool_of_today(), &replicas)
+            .iter()
+            .map(|d| d.annotations()[TEMPLATE_HASH].clone())
+            .collect();
+        assert_eq!(hashes, ["e508c580132ccf9a", "272a803b6778aa4d"]);
+    }
+
+    #[test]
+    fn a_worker_learns_the_queue_of_each_of_its_lanes_that_takes_another_than_its_name() {
+        let replicas = Replicas {
+            reserved: BTreeMap::from([("urgent".into(), 1)]),
+            shared: 2,
+        };
+        let mut pool = pool_of_today();
+        pool.spec.lanes[0].queue = Some("high_priority".into());
+        let deployments = worker_deployments(&pool, &replicas);
+        let names: Vec<_> = deployments.iter().map(|d| d.name_any()).collect();
+        assert_eq!(
+            names,
+            ["jobs-urgent-reserved", "jobs-shared"],
+            "named by lane"
+        );
+        for deployment in &deployments {
+            assert_eq!(env_of(deployment)[QUEUES_ENV], "urgent=high_priority");
+        }
+        assert_eq!(env_of(&deployments[0])[LANES_ENV], "urgent");
+        assert_eq!(deployments[0].labels()[LANE_LABEL], "urgent");
+        assert_eq!(env_of(&deployments[1])[LANES_ENV], "urgent,batch");
+
+        // A stand-in names only the worker's own lanes: the reserved workers never take batch,
+        // and a queue set on batch alone leaves their template as it was.
+        pool.spec.lanes[1].queue = Some("rq:low".into());
+        let deployments = worker_deployments(&pool, &replicas);
+        assert_eq!(env_of(&deployments[0])[QUEUES_ENV], "urgent=high_priority");
+        assert_eq!(
+            env_of(&deployments[1])[QUEUES_ENV],
+            "urgent=high_priority,batch=rq:low"
+        );
+        pool.spec.lanes[0].queue = None;
+        let deployments = worker_deployments(&pool, &replicas);
+        assert_eq!(
+            deployments[0],
+            worker_deployments(&pool_of_today(), &replicas)[0]
+        );
+        assert_eq!(env_of(&deployments[1])[QUEUES_ENV], "batch=rq:low");
+
+        // A queue named as its lane is the default said aloud: nothing changes.
+        let mut said = pool_of_today();
+        said.spec.lanes[0].queue = Some("urgent".into());
+        assert_eq!(
+            worker_deployments(&said, &replicas),
+            worker_deployments(&pool_of_today(), &replicas)
+        );
+        assert!(!env_of(&worker_deployments(&said, &replicas)[1]).contains_key(QUEUES_ENV));
     }
 
     #[test]
