@@ -29,13 +29,19 @@ def producer() -> Producer:
     return Producer(namespace="ns", pool="jobs", registry=None)
 
 
-def redis_worker(redis_server: RedisServer, credential: WorkerCredential | None) -> Worker:
-    """Three slots on lanes urgent,batch, `credential` mounted (None: the variable unset)."""
+def redis_worker(
+    redis_server: RedisServer, credential: WorkerCredential | None, queues: str | None = None
+) -> Worker:
+    """Three slots on lanes urgent,batch, `credential` mounted (None: the variable unset), and
+    LANEPOOL_QUEUES=`queues` when given."""
+    env = {"LANEPOOL_SLOTS": "3", "LANEPOOL_REDIS_URL": redis_server.url}
+    if queues is not None:
+        env["LANEPOOL_QUEUES"] = queues
     return start_worker(
         "lanepool-redis-worker",
         "urgent,batch",
         args=("--handler", "handlers:nap"),
-        env={"LANEPOOL_SLOTS": "3", "LANEPOOL_REDIS_URL": redis_server.url},
+        env=env,
         credential=credential,
     )
 
@@ -85,6 +91,30 @@ def test_lanes_are_taken_in_order_and_a_drain_takes_nothing_new_until_called_off
     assert time.monotonic() - asked < 0.6, "the drain's wait was not cut short"
     # Three slots took the three urgent jobs first, then the batch ones.
     assert set(done(redis)[:3]) == set(urgent) and set(done(redis)[3:]) == set(batch)
+
+
+def test_a_lane_takes_the_list_of_the_queue_lanepool_queues_names_and_reports_the_lane(
+    redis_server, redis, credential
+):
+    worker = redis_worker(redis_server, credential, queues="urgent=high_priority")
+    # The producer knows the pool's queues as the workers do: it pushes to the lane's queue.
+    producer = Producer("ns", "jobs", registry=None, queues={"urgent": "high_priority"})
+    try:
+        assert worker.post("/drain?seconds=60")[0] == 200
+        batch = [producer.submit_list(redis, "batch", {"seconds": 0.05})["id"] for _ in range(3)]
+        urgent = [producer.submit_list(redis, "urgent", {"seconds": 0.05})["id"] for _ in range(3)]
+        assert redis.llen("lanepool:lane:high_priority") == 3
+        assert redis.llen("lanepool:lane:urgent") == 0
+        wait_until("the queue's depth as the lane's", lambda: value(worker.get()[1],
+                   "lanepool_queue_depth", lane="urgent") == 3)  # fmt: skip
+        assert worker.post("/drain?seconds=0")[0] == 200
+        wait_until("all six done", lambda: len(done(redis)) == 6)
+        assert set(done(redis)[:3]) == set(urgent) and set(done(redis)[3:]) == set(batch)
+        _, text = worker.get()
+        assert value(text, "lanepool_job_duration_seconds_count", lane="urgent") == 3
+        assert "high_priority" not in text
+    finally:
+        worker.stop()
 
 
 def test_sigterm_finishes_every_job_in_hand_and_leaves_the_rest_queued(redis, worker, producer):

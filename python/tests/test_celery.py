@@ -520,6 +520,72 @@ def test_a_stand_in_for_a_lane_the_app_does_not_know_consumes_that_queue(
     assert "Started consuming from reports" in worker.log()
 
 
+def test_a_lane_takes_the_celery_queue_lanepool_queues_names_and_reports_it_under_the_lane(
+    store, submit, start_worker
+):
+    for i in range(4):
+        submit("batch", f"b{i}", 0.05)
+    for i in range(3):
+        submit("high_priority", f"u{i}", 0.0)  # apply_async(queue="high_priority")
+    submit("urgent", "stray", 0.0)  # a queue of the lane's name, which no lane of the pool takes
+    worker = start_worker(app_env={"LANEPOOL_QUEUES": "urgent=high_priority"})
+    log = worker.log()
+    assert "lanes urgent (queue high_priority),batch (in this order)" in log
+    assert "replaced by LANEPOOL_LANES" not in log
+    wait_until("every job of the lanes done", lambda: store.llen("finished") == 7, 15)
+    assert listed(store, "started")[:3] == ["u0", "u1", "u2"], listed(store, "started")
+    assert store.llen("urgent") == 1
+    text = worker.get()
+    assert value(text, "lanepool_job_duration_seconds_count", lane="urgent") == 3
+    assert value(text, "lanepool_job_wait_seconds_count", lane="urgent") == 3
+    assert value(text, "lanepool_job_duration_seconds_count", lane="batch") == 4
+    assert "high_priority" not in text
+
+    # A stand-in names the lane; the worker consumes its queue alone.
+    worker.post("/stand-in?lanes=urgent&seconds=30")
+    submit("batch", "b4", 0.0)
+    submit("high_priority", "u3", 0.0)
+    wait_until("the lane's job", lambda: "u3" in listed(store, "finished"), 5)
+    time.sleep(0.5)
+    assert "b4" not in listed(store, "started") and store.llen("batch") == 1
+    assert value(worker.get(), "lanepool_job_duration_seconds_count", lane="urgent") == 4
+
+
+def test_the_consumer_hands_back_by_lane_what_came_from_its_queue():
+    app = celery.Celery("gate", broker="redis://127.0.0.1:1/0")
+    environ = {
+        "LANEPOOL_LANES": "urgent,batch",
+        "LANEPOOL_QUEUES": "urgent=high_priority",
+        "LANEPOOL_ROLE": "shared",
+        "LANEPOOL_POOL": "jobs",
+        "LANEPOOL_METRICS_ADDR": "off",
+    }
+    state = configure(app, environ)
+    assert state is not None
+    (step,) = [s for s in app.steps["consumer"] if s.__name__ == "LaneGate"]
+    taken: list[str] = []
+
+    class Consumer:
+        def create_task_handler(self) -> Callable[[Delivered], None]:
+            return lambda message: taken.append(message.delivery_info["routing_key"])
+
+    consumer = Consumer()
+    step(consumer).start(consumer)
+    handle = consumer.create_task_handler()
+
+    def deliver(queue: str) -> bool | None:
+        message = Delivered(queue)
+        handle(message)
+        return message.requeued
+
+    state.stand_in(["urgent"], 60)
+    assert deliver("high_priority") is None
+    assert deliver("batch") is True
+    state.stand_in(["batch"], 60)
+    assert deliver("high_priority") is True
+    assert taken == ["high_priority"]
+
+
 # -- SIGTERM -----------------------------------------------------------------------------------
 
 
@@ -799,6 +865,30 @@ def test_a_task_routed_to_a_lane_lands_in_the_redis_list_of_its_name_counted_und
         return registry.get_sample_value("lanepool_jobs_submitted_total", labels)
 
     assert (submitted("urgent"), submitted("batch")) == (2, 1)
+
+
+def test_a_task_sent_to_a_lanes_queue_of_another_name_is_counted_under_the_lane(
+    store, redis_server
+):
+    # The producer knows the pool's spec.lanes[].queue as the workers do: LANEPOOL_QUEUES.
+    app = celery.Celery("routes", broker=redis_server.url)
+    registry = CollectorRegistry()
+    environ = {"LANEPOOL_QUEUES": "urgent=high_priority"}
+    producer = Producer("ns", "jobs", registry=registry, environ=environ)
+    producer.install_celery()
+
+    @app.task(name="routes.resize")
+    def resize() -> None: ...
+
+    try:
+        resize.apply_async(queue="high_priority")
+    finally:
+        before_task_publish.disconnect(producer.before_task_publish)
+    assert (store.llen("high_priority"), store.llen("urgent")) == (1, 0)
+    labels = {"namespace": "ns", "pool": "jobs", "lane": "urgent"}
+    assert registry.get_sample_value("lanepool_jobs_submitted_total", labels) == 1
+    labels["lane"] = "high_priority"
+    assert registry.get_sample_value("lanepool_jobs_submitted_total", labels) is None
 
 
 # -- the credential ----------------------------------------------------------------------------

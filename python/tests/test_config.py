@@ -130,3 +130,56 @@ def test_the_credential_file_is_where_the_operator_mounts_it_and_never_a_reason_
     # Unset or empty: the worker starts, runs its jobs and refuses every drain and stand-in.
     assert config_from_env(GOOD).credential_file is None
     assert config_from_env(with_(LANEPOOL_CREDENTIAL_FILE=" ")).credential_file is None
+
+
+# -- LANEPOOL_QUEUES: a lane whose queue is not named as it -------------------------------------
+
+
+def test_each_lane_takes_the_queue_of_its_name_unless_lanepool_queues_names_another():
+    config = config_from_env(GOOD)
+    assert (config.queues, config.queue("urgent"), config.lane_of("batch")) == (
+        (),
+        "urgent",
+        "batch",
+    )
+    assert config_from_env(with_(LANEPOOL_QUEUES="")).queues == ()
+
+    # As the operator writes it: the own lanes whose queue is another, in priority order.
+    longest = "é" * 127 + "q"  # 128 characters, 255 bytes: the CRD's bound is in bytes
+    config = config_from_env(with_(LANEPOOL_QUEUES=f"batch={longest},urgent=high_priority"))
+    assert config.queues == (("urgent", "high_priority"), ("batch", longest))
+    assert (config.queue("urgent"), config.queue("batch")) == ("high_priority", longest)
+    assert (config.lane_of("high_priority"), config.lane_of(longest)) == ("urgent", "batch")
+    assert config.lanes_shown() == f"urgent (queue high_priority),batch (queue {longest})"
+    # Any character a queue's name may have in RQ, Celery or a Redis key but the separators.
+    config = config_from_env(with_(LANEPOOL_QUEUES="urgent=rq:high.priority/€"))
+    assert config.queue("urgent") == "rq:high.priority/€"
+    # Lanes swapping queues is two lanes, two queues.
+    swapped = config_from_env(with_(LANEPOOL_QUEUES="urgent=batch,batch=urgent"))
+    assert (swapped.queue("urgent"), swapped.lane_of("urgent")) == ("batch", "batch")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("urgent", "is not lane=queue"),
+        ("urgent=", "is not lane=queue"),
+        ("=high_priority", "is not lane=queue"),
+        ("urgent=high,priority", "is not lane=queue"),
+        ("urgent=high=priority", "is not lane=queue"),
+        ("urgent=high priority", "is not lane=queue"),
+        ("urgent=high\tpriority", "is not lane=queue"),
+        ("urgent=high\x7fpriority", "is not lane=queue"),
+        ("Urgent=high_priority", "is not lane=queue"),
+        ("urgent=" + "é" * 128, "is not lane=queue"),  # 128 characters, 256 bytes
+        ("urgent=a,urgent=b", 'lane "urgent" twice'),
+        ("bulk=low", '"bulk" is not one of LANEPOOL_LANES="urgent,batch"'),
+        ("urgent=jobs,batch=jobs", 'lanes urgent and batch take the same queue "jobs"'),
+        ("urgent=batch", 'lanes urgent and batch take the same queue "batch"'),
+    ],
+)
+def test_a_malformed_lanepool_queues_is_refused_by_name(value: str, says: str):
+    with pytest.raises(ConfigError) as refused:
+        config_from_env(with_(LANEPOOL_QUEUES=value))
+    assert str(refused.value).startswith("LANEPOOL_QUEUES="), refused.value
+    assert says in str(refused.value)

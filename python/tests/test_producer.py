@@ -86,3 +86,19 @@ def test_a_celery_task_is_stamped_in_its_header_and_counted_by_queue(
     headers = json.loads(raw)["headers"]
     assert before <= headers[SUBMITTED_AT] <= time.time()
     assert submitted(registry, "urgent") == 1
+
+
+def test_a_job_sent_to_a_lanes_queue_of_another_name_counts_under_the_lane(redis: Redis):
+    registry = CollectorRegistry()
+    environ = {"LANEPOOL_QUEUES": "urgent=high_priority"}
+    producer = Producer("ns", "jobs", registry, environ=environ)
+    producer.submit_rq(Queue("high_priority", connection=redis), "jobs.record")
+    producer.submit_list(redis, "urgent", {"seconds": 0})
+    assert submitted(registry, "urgent") == 2 and submitted(registry, "high_priority") is None
+    assert redis.llen("lanepool:lane:high_priority") == 1
+    # Given, the queues replace the environment's; malformed, they are refused by name.
+    given = Producer("ns", "jobs", registry, environ=environ, queues={})
+    given.submit_rq(Queue("high_priority", connection=redis), "jobs.record")
+    assert submitted(registry, "high_priority") == 1
+    with pytest.raises(ConfigError, match=r"^LANEPOOL_QUEUES="):
+        Producer("ns", "jobs", None, environ={"LANEPOOL_QUEUES": "urgent=a b"})

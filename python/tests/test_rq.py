@@ -248,6 +248,66 @@ def test_a_lane_the_queue_does_not_know_is_only_empty(redis, workers):
     assert shared.process.poll() is None
 
 
+# A lane whose queue is not named as it (spec.lanes[].queue): the operator's LANEPOOL_QUEUES.
+HIGH_PRIORITY = {"LANEPOOL_QUEUES": "urgent=high_priority"}
+
+
+def test_a_lane_takes_the_rq_queue_lanepool_queues_names_and_reports_it_under_the_lane(
+    redis, workers
+):
+    submit(redis, "batch", 4, 0.05)
+    submit(redis, "high_priority", 5, 0.0)
+    submit(redis, "urgent", 1)  # a queue of the lane's name, which no lane of the pool takes
+    shared = rq_worker(workers, redis, "urgent,batch", env=HIGH_PRIORITY)
+    shared.wait_for_line(
+        "its lanes", lambda line: "lanes urgent (queue high_priority),batch" in line
+    )
+    wait_until("the nine jobs", lambda: len(ran(redis, shared)) == 9)
+    time.sleep(0.3)
+    # `ran` lists each job's RQ queue (its origin): the lane's jobs first, as the lane's.
+    assert ran(redis, shared) == ["high_priority"] * 5 + ["batch"] * 4
+    assert Queue("urgent", connection=redis).count == 1
+
+    def depth(worker: Worker) -> float | None:
+        return value(worker.get()[1], "lanepool_queue_depth", lane="urgent")
+
+    # The depth read a second ago is kept for a second: high_priority's, 0 (urgent's is 1).
+    wait_until("the lane's queue read empty", lambda: depth(shared) == 0)
+    _, text = shared.get()
+    assert value(text, "lanepool_job_duration_seconds_count", lane="urgent") == 5
+    assert value(text, "lanepool_job_wait_seconds_count", lane="urgent") == 5
+    assert not [labels for _, labels in samples(text) if ("lane", "high_priority") in labels]
+
+    # A drain and a stand-in name the lane; the worker takes from its queue.
+    reserved = rq_worker(
+        workers, redis, "urgent", "reserved", "jobs-urgent-reserved-1", env=HIGH_PRIORITY
+    )
+    for worker in (reserved, shared):
+        assert worker.post("/drain?seconds=60")[0] == 200
+    submit(redis, "high_priority", 3)
+    submit(redis, "batch", 1)
+    wait_until("the queue's depth as the lane's", lambda: depth(reserved) == 3)
+    status, text = shared.post("/stand-in?lanes=urgent&seconds=30")
+    assert status == 200 and value(text, "lanepool_worker_standing_in") == 1
+    assert shared.post("/drain?seconds=0")[0] == 200
+    wait_until("the lane's jobs taken by the stand-in", lambda: len(ran(redis, shared)) == 12)
+    time.sleep(0.3)
+    assert ran(redis, shared)[9:] == ["high_priority"] * 3
+    assert (ran(redis, reserved), Queue("batch", connection=redis).count) == ([], 1)
+    _, text = shared.get()
+    assert value(text, "lanepool_job_duration_seconds_count", lane="urgent") == 8
+
+
+def test_a_lost_take_of_a_lanes_queue_goes_back_to_that_queue(durable_redis, workers):
+    redis = Redis(port=durable_redis.port)
+    shared = rq_worker(workers, redis, "urgent,batch", env=HIGH_PRIORITY)
+    job = _enqueued_and_popped(redis, "high_priority")
+    _kill_while_taking(durable_redis, redis)
+    wait_until("the lost job back and run", lambda: _all_finished(redis, [job]), within=20)
+    assert ran(redis, shared) == ["high_priority"]
+    shared.wait_for_line("the job given back", lambda line: f"job {job.id} of lane urgent" in line)
+
+
 def test_a_redis_restart_loses_no_job_and_the_worker_takes_the_rest(durable_redis, workers):
     redis = Redis(port=durable_redis.port)
     jobs = submit(redis, "batch", 20, 0.05)

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -209,12 +209,22 @@ class ListJob:
 
 
 class RedisLists:
-    """Lanes as Redis lists `{prefix}{lane}`: producers RPUSH JSON objects, workers take with
-    `BLPOP key1 key2 … timeout`, which takes from the first non-empty key: strict lane order."""
+    """Lanes as Redis lists `{prefix}{queue}`, a lane's queue being its name unless `queues`
+    (lane → queue, LANEPOOL_QUEUES) names another: producers RPUSH JSON objects, workers take
+    with `BLPOP key1 key2 … timeout`, which takes from the first non-empty key: strict lane
+    order."""
 
-    def __init__(self, url: str, slots: int, key_prefix: str = DEFAULT_KEY_PREFIX) -> None:
+    def __init__(
+        self,
+        url: str,
+        slots: int,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        queues: Mapping[str, str] | None = None,
+    ) -> None:
         self.url = url
         self.key_prefix = key_prefix
+        self._queues = dict(queues or {})
+        self._lanes = {queue: lane for lane, queue in self._queues.items()}
         # A connection per slot, each blocked in its own BLPOP, so that a request can end every
         # wait at once with CLIENT UNBLOCK from the HTTP thread.
         self._idle: asyncio.Queue[AsyncRedis] = asyncio.Queue()
@@ -227,7 +237,7 @@ class RedisLists:
         self._unblocker = bounded_client(connect(url), 0.1)
 
     def key(self, lane: str) -> str:
-        return f"{self.key_prefix}{lane}"
+        return f"{self.key_prefix}{self._queues.get(lane, lane)}"
 
     def follow(self, state: WorkerState) -> None:
         """Ends every wait for a job when the operator's request comes."""
@@ -265,7 +275,8 @@ class RedisLists:
             return None
         key = _text(taken[0])
         raw = taken[1] if isinstance(taken[1], bytes) else taken[1].encode()
-        lane = key.removeprefix(self.key_prefix)
+        queue = key.removeprefix(self.key_prefix)
+        lane = self._lanes.get(queue, queue)
         try:
             payload = json.loads(raw)
             if not isinstance(payload, dict):
@@ -302,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lanepool-redis-worker",
         description="A worker for jobs in Redis lists (one per lane, JSON objects): takes the "
-        "lanes of LANEPOOL_LANES in order, runs LANEPOOL_SLOTS jobs at once with the handler, "
+        "lanes of LANEPOOL_LANES in order (each lane's list named as the lane unless "
+        "LANEPOOL_QUEUES names another), runs LANEPOOL_SLOTS jobs at once with the handler, "
         "serves /metrics, POST /drain and POST /stand-in at LANEPOOL_METRICS_ADDR.",
     )
     parser.add_argument(
@@ -318,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--key-prefix",
         default=DEFAULT_KEY_PREFIX,
-        help=f"a lane's list is PREFIX+lane (default {DEFAULT_KEY_PREFIX})",
+        help=f"a lane's list is PREFIX+queue, its queue its name unless LANEPOOL_QUEUES "
+        f"names another (default {DEFAULT_KEY_PREFIX})",
     )
     parser.add_argument(
         "--path",
@@ -342,14 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging()
     state = WorkerState(config)
-    keys = {lane: f"{args.key_prefix}{lane}" for lane in config.lanes}
+    keys = {lane: f"{args.key_prefix}{config.queue(lane)}" for lane in config.lanes}
     state.registry.register(QueueDepth(connect(args.url), keys))
     metrics = "off"
     if config.metrics_addr is not None:
         host, port = serve(state, config.metrics_addr).address
         metrics = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
     log.info("%s: %s worker of pool %s, lanes %s (in this order), %d slots, metrics %s",
-             config.name, config.role, config.pool, ",".join(config.lanes), config.slots,
+             config.name, config.role, config.pool, config.lanes_shown(), config.slots,
              metrics)  # fmt: skip
     if config.metrics_addr is not None and config.credential_file is None:
         log.warning("%s", unset_note(config.name))
@@ -364,7 +377,7 @@ async def _serve_lists(
     loop = asyncio.get_running_loop()
     # A plain function runs on a thread of its own, one per slot, so it never blocks the loop.
     loop.set_default_executor(ThreadPoolExecutor(max_workers=state.config.slots))
-    queue = RedisLists(url, state.config.slots, key_prefix)
+    queue = RedisLists(url, state.config.slots, key_prefix, dict(state.config.queues))
     queue.follow(state)
     stop = asyncio.Event()
 

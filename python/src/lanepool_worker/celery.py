@@ -1,7 +1,8 @@
-"""Celery adapter: `configure(app)` makes `celery -A app worker` take its lanes in strict order, one
-job per slot, count job time, wait and busy slots in the worker's main process, serve the metrics
-port, and drain and stand in through its own consumer; without LANEPOOL_LANES (outside a LanePool)
-the worker runs as plain Celery. It must never start anything outside a worker's main process
+"""Celery adapter: `configure(app)` makes `celery -A app worker` take its lanes in strict order
+(each lane's queue named as the lane unless LANEPOOL_QUEUES names another), one job per slot,
+count job time, wait and busy slots in the worker's main process, serve the metrics port, and
+drain and stand in through its own consumer; without LANEPOOL_LANES (outside a LanePool) the
+worker runs as plain Celery. It must never start anything outside a worker's main process
 (producers import the same app), nor send a drain to another worker, nor hand a job to a slot
 without being busy with it in the same step as it checks for a drain.
 """
@@ -191,12 +192,12 @@ class _CeleryWorker:
             )
         queues = self.app.amqp.queues
         selected = list(queues.consume_from)  # every queue of the app when no -Q selected any
-        if selected != list(config.lanes) and set(selected) != set(queues):
+        if selected != self._queues_of(config.lanes) and set(selected) != set(queues):
             notes.append(f"{name}: -Q {','.join(selected)} replaced by LANEPOOL_LANES")
         # Selected in order, as `-Q urgent,batch` does: the priority strategy asks BRPOP for the
         # queues in the consumer's order.
         self._taking = self.state.lanes_to_take()
-        _select(queues, self._taking)
+        _select(queues, self._queues_of(self._taking))
         self._worker = sender
         if config.metrics_addr is not None:
             self.serving = serve(self.state, config.metrics_addr)
@@ -214,7 +215,7 @@ class _CeleryWorker:
             config.name,
             config.role,
             config.pool,
-            ",".join(config.lanes),
+            config.lanes_shown(),
             config.slots,
             "{}:{}".format(*self.serving.address) if self.serving is not None else "off",
         )
@@ -291,7 +292,7 @@ class _CeleryWorker:
         consumer = self._consumer()
         if consumer is None:
             return
-        wanted = self.state.lanes_to_take()
+        wanted = self._queues_of(self.state.lanes_to_take())
         queues = self.app.amqp.queues
         consumed = list(queues.consume_from)
         # Kombu appends an added queue after the others, and the priority strategy polls them in
@@ -314,7 +315,7 @@ class _CeleryWorker:
                 consumer.add_task_queue(queue)
         except Exception:
             # The event loop must not die of it; the keeper tries again within _IDLE_CHECK.
-            log.exception("%s: could not switch to lanes %s", self.state.config.name, wanted)
+            log.exception("%s: could not switch to queues %s", self.state.config.name, wanted)
             self._taking = None
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -343,14 +344,18 @@ class _CeleryWorker:
         except AttributeError:
             log.warning("%s: cannot count job %s: its request has __slots__", sender, request.id)
 
+    def _queues_of(self, lanes: tuple[str, ...] | list[str]) -> list[str]:
+        """The Celery queues of `lanes`, in their order."""
+        return [self.state.config.queue(lane) for lane in lanes]
+
     def _lane_from(self, info: Mapping[str, Any]) -> str:
-        """The lane (queue) a message came from: kombu's Redis transport keeps only its
+        """The lane a message came from, by its queue: kombu's Redis transport keeps only its
         exchange and routing key, which the app's queues map back to a queue's name."""
         exchange, key = info.get("exchange") or "", info.get("routing_key") or ""
         for name, queue in self.app.amqp.queues.items():
             if queue.routing_key == key and (queue.exchange.name or "") == exchange:
-                return str(name)
-        return str(key)
+                return self.state.config.lane_of(str(name))
+        return self.state.config.lane_of(str(key))
 
 
 class _GivenBack(TaskRevokedError):  # type: ignore[misc]
@@ -477,10 +482,11 @@ class _JobTracker:
             self._state.job_finished(job)
 
 
-def _select(queues: Any, lanes: list[str]) -> None:
-    """Consume exactly `lanes`, in order (`Queues.select([])` would leave the selection as is)."""
-    if lanes:
-        queues.select(lanes)
+def _select(queues: Any, names: list[str]) -> None:
+    """Consume exactly the queues `names`, in order (`Queues.select([])` would leave the
+    selection as is)."""
+    if names:
+        queues.select(names)
     else:
         queues.deselect(list(queues.consume_from))
 

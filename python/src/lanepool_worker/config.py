@@ -1,5 +1,6 @@
-"""What the environment says a worker is: its lanes in order, its role, pool, name and job slots,
-and where the operator mounted the credential its requests carry.
+"""What the environment says a worker is: its lanes in order (and the queue of each that is not
+named as its lane), its role, pool, name and job slots, and where the operator mounted the
+credential its requests carry.
 
 It only reads and validates (with the Rust example worker's texts, each naming the variable); it
 must never guess a value the operator sets, so a hand-made template fails at start, not later.
@@ -18,9 +19,14 @@ POOL_ENV = "LANEPOOL_POOL"
 SLOTS_ENV = "LANEPOOL_SLOTS"
 METRICS_ADDR_ENV = "LANEPOOL_METRICS_ADDR"
 CREDENTIAL_FILE_ENV = "LANEPOOL_CREDENTIAL_FILE"
+QUEUES_ENV = "LANEPOOL_QUEUES"
 
 DEFAULT_METRICS_ADDR = "0.0.0.0:9100"
 MOST_SLOTS = 1024
+# As the CRD's spec.lanes[].queue: at most 255 bytes of UTF-8, none of the separators of
+# LANEPOOL_QUEUES (`,`, `=`), no space or control character.
+MOST_QUEUE_BYTES = 255
+_QUEUE_NAME = re.compile(r"[^,=\x00-\x20\x7f]+")
 
 _SET_BY_THE_OPERATOR = "the operator sets LANEPOOL_LANES, LANEPOOL_ROLE and LANEPOOL_POOL"
 _LANE_NAME = re.compile(r"[a-z0-9-]{1,40}")
@@ -44,6 +50,26 @@ class Config:
     metrics_addr: tuple[str, int] | None
     # The file holding the pool's worker credential; None: every drain and stand-in is refused.
     credential_file: str | None = None
+    # (lane, queue) for each own lane whose queue is not its name (LANEPOOL_QUEUES).
+    queues: tuple[tuple[str, str], ...] = ()
+
+    def queue(self, lane: str) -> str:
+        """The queue `lane`'s jobs are taken from: the lane's name unless LANEPOOL_QUEUES names
+        another. What is taken, listened to and counted in Redis; metrics, drains and stand-ins
+        name the lane."""
+        return next((queue for named, queue in self.queues if named == lane), lane)
+
+    def lane_of(self, queue: str) -> str:
+        """The lane whose jobs `queue` holds; a queue of no lane is named as it is."""
+        return next((lane for lane, named in self.queues if named == queue), queue)
+
+    def lanes_shown(self, lanes: tuple[str, ...] | list[str] | None = None) -> str:
+        """`urgent (queue high_priority),batch`, for the logs: each lane, with its queue where
+        that is not its name."""
+        return ",".join(
+            lane if self.queue(lane) == lane else f"{lane} (queue {self.queue(lane)})"
+            for lane in (self.lanes if lanes is None else lanes)
+        )
 
 
 def config_from_env(environ: Mapping[str, str] = os.environ) -> Config:
@@ -73,7 +99,8 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> Config:
     name = environ.get("HOSTNAME", "").strip() or f"{pool}-{role}-{os.getpid()}"
     # Never a reason to refuse to start: a worker without it runs its jobs and refuses requests.
     credential_file = environ.get(CREDENTIAL_FILE_ENV, "").strip() or None
-    return Config(lanes, role, pool, name, slots, metrics_addr, credential_file)
+    queues = _queues(environ.get(QUEUES_ENV, ""), lanes)
+    return Config(lanes, role, pool, name, slots, metrics_addr, credential_file, queues)
 
 
 def why_off(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -96,6 +123,62 @@ def _required(environ: Mapping[str, str], name: str, expected: str) -> str:
     if not value.strip():
         raise ConfigError(f"{name} is empty: expected {expected}")
     return value.strip()
+
+
+def queues_from(text: str) -> dict[str, str]:
+    """`lane=queue,…` as LANEPOOL_QUEUES carries it (unset or empty: every lane takes the queue
+    of its name), lane → queue, or `ConfigError` naming the variable."""
+    queues: dict[str, str] = {}
+    if not text.strip():
+        return queues
+    for entry in text.split(","):
+        lane, equals, queue = (part.strip(" ") for part in entry.partition("="))
+        if (
+            not equals
+            or not _LANE_NAME.fullmatch(lane)
+            or not _QUEUE_NAME.fullmatch(queue)
+            or len(queue.encode()) > MOST_QUEUE_BYTES
+        ):
+            raise ConfigError(
+                f"{QUEUES_ENV}={debug_str(text)}: {debug_str(entry)} is not lane=queue (a lane "
+                f"name, then a queue of 1 to {MOST_QUEUE_BYTES} bytes without ',', '=', spaces "
+                "or control characters), expected comma-separated pairs such as "
+                "urgent=high_priority"
+            )
+        if lane in queues:
+            raise ConfigError(f"{QUEUES_ENV}={debug_str(text)}: lane {debug_str(lane)} twice")
+        queues[lane] = queue
+    taken_by: dict[str, str] = {}
+    for lane, queue in queues.items():
+        if queue in taken_by:
+            raise ConfigError(
+                f"{QUEUES_ENV}={debug_str(text)}: lanes {taken_by[queue]} and {lane} take the "
+                f"same queue {debug_str(queue)}"
+            )
+        taken_by[queue] = lane
+    return queues
+
+
+def _queues(text: str, lanes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The worker's: only its own lanes. The operator sets no other, so another is a typo that
+    would leave a lane on the wrong queue."""
+    queues = queues_from(text)
+    for lane in queues:
+        if lane not in lanes:
+            raise ConfigError(
+                f"{QUEUES_ENV}={debug_str(text)}: {debug_str(lane)} is not one of "
+                f"{LANES_ENV}={debug_str(','.join(lanes))}"
+            )
+    taken_by: dict[str, str] = {}
+    for lane in lanes:
+        queue = queues.get(lane, lane)
+        if queue in taken_by:
+            raise ConfigError(
+                f"{QUEUES_ENV}={debug_str(text)}: lanes {taken_by[queue]} and {lane} take the "
+                f"same queue {debug_str(queue)}"
+            )
+        taken_by[queue] = lane
+    return tuple((lane, queues[lane]) for lane in lanes if lane in queues)
 
 
 def _slots(text: str) -> int:

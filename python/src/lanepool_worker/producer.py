@@ -3,7 +3,8 @@ lane}` and stamp each job with its submission time (for the workers' wait histog
 Celery and Redis-list jobs.
 
 It only counts and stamps: it must never change what a job does or which lane it goes to. The
-producer is not a worker Pod, so its series carry the namespace and pool themselves.
+producer is not a worker Pod, so its series carry the namespace and pool themselves, and the lane
+of a queue not named as its lane (`spec.lanes[].queue`) from `queues` or LANEPOOL_QUEUES.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from .config import POOL_ENV, ConfigError
+from .config import POOL_ENV, QUEUES_ENV, ConfigError, queues_from
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -39,7 +40,10 @@ _counters_lock = threading.Lock()
 class Producer:
     """Counts and stamps submissions for the LanePool `pool` in `namespace` (each from
     LANEPOOL_NAMESPACE and LANEPOOL_POOL when not given). `registry` is where the counter is
-    exported, prometheus_client's default one unless told (None: nowhere, for tests)."""
+    exported, prometheus_client's default one unless told (None: nowhere, for tests). `queues`
+    (lane → queue, from LANEPOOL_QUEUES when not given, in its `urgent=high_priority` form) names
+    each lane whose queue is not named as the lane, as the pool's spec.lanes[].queue does: a job
+    sent to such a queue counts under its lane."""
 
     def __init__(
         self,
@@ -47,13 +51,22 @@ class Producer:
         pool: str | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         environ: Mapping[str, str] = os.environ,
+        queues: Mapping[str, str] | None = None,
     ) -> None:
         self.namespace = namespace or _required(environ, NAMESPACE_ENV, "its namespace")
         self.pool = pool or _required(environ, POOL_ENV, "its name")
         self.submitted = _counter(registry)
+        self.queues = dict(
+            queues if queues is not None else queues_from(environ.get(QUEUES_ENV, ""))
+        )
+        self._lanes = {queue: lane for lane, queue in self.queues.items()}
 
     def count(self, lane: str, jobs: int = 1) -> None:
         self.submitted.labels(self.namespace, self.pool, lane).inc(jobs)
+
+    def lane_of(self, queue: str) -> str:
+        """The lane whose jobs `queue` holds: the queue's name, unless `queues` says otherwise."""
+        return self._lanes.get(queue, queue)
 
     def submit_rq(
         self, queue: Queue, func: FunctionReferenceType, *args: Any, **kwargs: Any
@@ -61,7 +74,7 @@ class Producer:
         """`queue.enqueue(func, *args, **kwargs)`, with the submission time in the job's meta."""
         meta = {**(kwargs.pop("meta", None) or {}), SUBMITTED_AT: time.time()}
         job = queue.enqueue(func, *args, meta=meta, **kwargs)
-        self.count(queue.name)
+        self.count(self.lane_of(queue.name))
         return job
 
     def submit_list(
@@ -71,10 +84,11 @@ class Producer:
         job: Mapping[str, Any] | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> dict[str, Any]:
-        """RPUSHes `job` (a JSON object, given an `id` when it has none) to the lane's list with
-        `submitted_at`, as lanepool-redis-worker reads it; returns what was pushed."""
+        """RPUSHes `job` (a JSON object, given an `id` when it has none) to the lane's list (its
+        queue's) with `submitted_at`, as lanepool-redis-worker reads it; returns what was
+        pushed."""
         payload = {"id": uuid.uuid4().hex, **(job or {}), "submitted_at": time.time()}
-        redis.rpush(f"{key_prefix}{lane}", json.dumps(payload))
+        redis.rpush(f"{key_prefix}{self.queues.get(lane, lane)}", json.dumps(payload))
         self.count(lane)
         return payload
 
@@ -86,10 +100,11 @@ class Producer:
         **_: Any,
     ) -> None:
         """Celery's `before_task_publish` handler: stamps the message header and counts the job
-        under its queue (the routing key of Celery's default direct exchange)."""
+        under its queue's lane (the queue: the routing key of Celery's default direct
+        exchange)."""
         if headers is not None:
             headers[SUBMITTED_AT] = time.time()
-        self.count(routing_key or "celery")
+        self.count(self.lane_of(routing_key or "celery"))
 
     def install_celery(self) -> None:
         """Connects `before_task_publish` for every task this process sends."""

@@ -1,6 +1,7 @@
 """An RQ worker that speaks lanepool's protocol: `lanepool-rq-worker` takes the lanes of
-`LANEPOOL_LANES` in order (RQ's queues, strict order), stops taking on a drain, takes a
-stand-in's lanes between jobs, serves the metrics port, and finishes its job on SIGTERM.
+`LANEPOOL_LANES` in order (RQ's queues, strict order; each lane's queue is its name unless
+`LANEPOOL_QUEUES` says otherwise), stops taking on a drain, takes a stand-in's lanes between jobs,
+serves the metrics port, and finishes its job on SIGTERM.
 
 It must never turn a drain into a signal (a second signal makes RQ's shutdown cold), never hold
 a job it has not started when it stops, and never count in a forked child (the counts would die
@@ -101,7 +102,8 @@ class LaneTaking(BaseWorker):
     def __init__(self, *args: Any, state: WorkerState, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lanepool_state = state
-        self._lane_queues: dict[str, Queue] = {q.name: q for q in self.queues}
+        config = state.config
+        self._lane_queues: dict[str, Queue] = {config.lane_of(q.name): q for q in self.queues}
         # The take blocks on a connection of its own, so that a request can end the wait with
         # CLIENT UNBLOCK from the HTTP thread; the unblocking client gives up after 100 ms. It
         # never retries (see LOST_TAKE_GRACE).
@@ -222,12 +224,13 @@ class LaneTaking(BaseWorker):
         if taken is None:
             return None
         job, queue = taken
-        queue = self._lane_queue(queue.name)
+        lane = state.config.lane_of(queue.name)
+        queue = self._lane_queue(lane)
         job.connection = self.connection
         job.redis_server_version = self.get_redis_server_version()
         # Busy before the job is known wanted, in one step with the drain check: a drain answered
         # between a check and a later mark would say idle while this job starts.
-        in_hand = state.job_taken(queue.name, submitted_at(job), requests_seen=seen)
+        in_hand = state.job_taken(lane, submitted_at(job), requests_seen=seen)
         if in_hand is None or self._stop_requested:
             # The protocol's "a job the queue handed out just then goes back to its lane".
             # A give-back that fails leaves the job queued in no lane: the next take, after
@@ -247,6 +250,7 @@ class LaneTaking(BaseWorker):
         started), yet not in their lane. By job id, their lane. The statuses are read first and
         the lanes after, so that a job enqueued meanwhile is found in its lane."""
         lanes = {self._lane_queue(lane).key: lane for lane in self.lanepool_state.config.lanes}
+        queue_prefix = self.queue_class.redis_queue_namespace_prefix
         prefix = self.job_class.redis_job_namespace_prefix
         queued: dict[str, str] = {}
         keys = self.connection.scan_iter(match=f"{prefix}*", count=1000, _type="hash")
@@ -258,7 +262,7 @@ class LaneTaking(BaseWorker):
             for key, (status, origin) in zip(chunk, answers, strict=True):
                 if status != b"queued" or origin is None:
                     continue
-                lane_key = self._lane_queue(origin.decode()).key
+                lane_key = f"{queue_prefix}{origin.decode()}"  # the origin is the queue's name
                 if lane_key in lanes:
                     queued[key.decode().removeprefix(prefix)] = lanes[lane_key]
         if not queued:
@@ -313,9 +317,10 @@ class LaneTaking(BaseWorker):
         give_back(keys=[queue.key, queue.intermediate_queue_key], args=[job.id])
 
     def _lane_queue(self, lane: str) -> Queue:
+        """The RQ queue `lane`'s jobs are in."""
         if lane not in self._lane_queues:
             self._lane_queues[lane] = self.queue_class(
-                lane,
+                self.lanepool_state.config.queue(lane),
                 connection=self.connection,
                 job_class=self.job_class,
                 serializer=self.serializer,
@@ -334,7 +339,8 @@ class LaneTaking(BaseWorker):
         # since that is what a worker spends per job.
         in_hand, self._in_hand = self._in_hand, None
         if in_hand is None:  # not taken by `_take` (RQ's own callers): busy from here
-            in_hand = self.lanepool_state.job_started(queue.name, submitted_at(job))
+            lane = self.lanepool_state.config.lane_of(queue.name)
+            in_hand = self.lanepool_state.job_started(lane, submitted_at(job))
         try:
             super().execute_job(job, queue)
         finally:
@@ -384,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lanepool-rq-worker",
         description="An RQ worker for a LanePool: takes the lanes of LANEPOOL_LANES in order "
-        "(RQ queues), serves /metrics, POST /drain and POST /stand-in at LANEPOOL_METRICS_ADDR.",
+        "(RQ queues, each named as its lane unless LANEPOOL_QUEUES says otherwise), serves "
+        "/metrics, POST /drain and POST /stand-in at LANEPOOL_METRICS_ADDR.",
     )
     parser.add_argument(
         "--url",
@@ -430,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
     connection = connect(args.url)
     state = WorkerState(config)
-    keys = {lane: Queue(lane, connection=connection).key for lane in config.lanes}
+    keys = {lane: Queue(config.queue(lane), connection=connection).key for lane in config.lanes}
     state.registry.register(QueueDepth(connection, keys))
     worker = run_rq_worker(config, state, connection, args.worker_class, args.name)
     worker.work(logging_level=args.logging_level)
@@ -450,9 +457,8 @@ def run_rq_worker(
     # RQ refuses a name a live worker still holds: a container restarted in the same Pod would
     # wait for the old one's key to expire. The Pod's name, made unique per process.
     name = name or f"{config.name}.{uuid.uuid4().hex[:6]}"
-    worker = WORKER_CLASSES[worker_class](
-        list(config.lanes), connection=connection, name=name, state=state
-    )
+    queues = [config.queue(lane) for lane in config.lanes]
+    worker = WORKER_CLASSES[worker_class](queues, connection=connection, name=name, state=state)
     metrics = "off"
     if config.metrics_addr is not None:
         host, port = serve(state, config.metrics_addr).address
@@ -462,7 +468,7 @@ def run_rq_worker(
         config.name,
         config.role,
         config.pool,
-        ",".join(config.lanes),
+        config.lanes_shown(),
         worker_class,
         metrics,
     )
