@@ -76,6 +76,10 @@ struct Args {
     /// container start, which a cluster takes seconds for); a restarted worker starts at once.
     #[arg(long, default_value = "0s", value_parser = interval)]
     pod_start: Duration,
+    /// A label selector of other Pods to run beside the pools' (such as the workers' Deployment
+    /// a pool is migrated from): `app=celery-workers`.
+    #[arg(long, value_name = "SELECTOR")]
+    also_run: Option<String>,
 }
 
 fn interval(value: &str) -> Result<Duration, String> {
@@ -239,18 +243,22 @@ fn gates_open(pod: &Pod) -> bool {
 impl Kubelet {
     /// One pass: bind, start, stop and remove, as the Pods are now.
     async fn sync(&mut self) {
-        let listed = match self
-            .pods
-            .list(&ListParams::default().labels(POOL_LABEL))
-            .await
-        {
-            Ok(list) => list.items,
-            Err(e) => {
-                // Keep the workers as they are: an unreachable API server is no reason to stop.
-                eprintln!("local_kubelet: listing Pods: {e}");
-                return;
+        let mut listed = Vec::new();
+        for selector in std::iter::once(POOL_LABEL).chain(self.args.also_run.as_deref()) {
+            match self
+                .pods
+                .list(&ListParams::default().labels(selector))
+                .await
+            {
+                Ok(list) => listed.extend(list.items),
+                Err(e) => {
+                    // Keep the workers as they are: an unreachable API server is no reason to
+                    // stop.
+                    eprintln!("local_kubelet: listing Pods: {e}");
+                    return;
+                }
             }
-        };
+        }
         self.secrets_read.clear();
         let refresh = self.volumes_refreshed.elapsed() >= VOLUME_REFRESH;
         if refresh {

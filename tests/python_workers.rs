@@ -24,8 +24,8 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
-    self as testenv, Controllers, InProcessOperator, TestPrometheus, TestRedis, example, now_unix,
-    p99, python_program, until,
+    self as testenv, Controllers, InProcessOperator, Reply, TestPrometheus, TestRedis, example,
+    now_unix, p99, python_program, until,
 };
 use serde_json::{Value, json};
 
@@ -83,6 +83,8 @@ impl World {
             .arg("--pod-targets")
             .arg(prometheus.pod_targets())
             .args(["--ip-block", &block.to_string()])
+            // The workers' Deployment a pool is migrated from runs here too.
+            .args(["--also-run", "app=plain-workers"])
             .env("KUBECONFIG", plane.kubeconfig())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -165,9 +167,16 @@ impl World {
 
     /// [`Self::produce`] for `queue`'s jobs (`rq` or `celery`).
     fn produce_for(&self, queue: &str, urgent_rate: &str, seconds: u64) -> Killed {
+        self.produce_as(queue, urgent_rate, seconds, false)
+    }
+
+    /// [`Self::produce_for`]; with `plain`, as a producer no one changed for lanepool
+    /// (`produce.py --plain`: nothing counted or stamped).
+    fn produce_as(&self, queue: &str, urgent_rate: &str, seconds: u64, plain: bool) -> Killed {
         let python = python_program("python").expect("./tests/setup.sh made it");
         let child = Command::new(python)
             .arg(examples_dir().join("produce.py"))
+            .args(plain.then_some("--plain"))
             .args(["--queue", queue])
             .args(["--url", &self.redis.url()])
             .args(["--namespace", &self.namespace, "--pool", "jobs"])
@@ -699,5 +708,211 @@ async fn celery_workers_of_four_slots_keep_the_urgent_wait_and_are_sized_and_dra
             .is_some_and(|(share, jobs)| share >= 0.99 && jobs >= 300.0),
         "urgent wait p99 above the job time at 20/s: {:?}",
         run.within
+    );
+}
+
+/// The Celery tasks' waits from the demo app's ledger (sent and started times): each urgent
+/// task's (sent, waited) in Unix seconds.
+fn celery_urgent_waits(redis: &TestRedis) -> Vec<(f64, f64)> {
+    let hash = |key: &str| -> BTreeMap<String, String> {
+        let Ok(Reply::Array(items)) = redis.command(&["HGETALL", key]) else {
+            return BTreeMap::new();
+        };
+        let text = |r: &Reply| match r {
+            Reply::Bulk(Some(s)) => s.clone(),
+            _ => String::new(),
+        };
+        items
+            .chunks(2)
+            .map(|pair| (text(&pair[0]), text(&pair[1])))
+            .collect()
+    };
+    let started = hash("lanepool-demo:started-at");
+    hash("lanepool-demo:sent-at")
+        .into_iter()
+        .filter_map(|(id, sent)| {
+            let sent = sent.strip_prefix("urgent ")?.parse::<f64>().ok()?;
+            let began = started.get(&id)?.parse::<f64>().ok()?;
+            Some((sent, began - sent))
+        })
+        .collect()
+}
+
+/// Celery workers as a team runs them (a Deployment of `celery worker -Q urgent,batch -c 4`, a
+/// producer calling `apply_async(queue=...)` and nothing else), turned into a LanePool by
+/// `lanepool migrate --deployment` while urgent tasks arrive: the old Deployment deleted once
+/// the pool's workers are all Ready, no task lost or cut short, and the pool's reserve follows a
+/// spike from the workers and the queue alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_celery_deployment_migrated_under_load_becomes_a_pool_whose_reserve_follows_a_spike()
+ {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let world = World::start("python-celery-migrated", false).await;
+    let celery = python_program("celery").expect("./tests/setup.sh made it");
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "celery-workers"},
+        "spec": {
+            "replicas": 4,
+            "selector": {"matchLabels": {"app": "plain-workers"}},
+            "template": {
+                "metadata": {"labels": {"app": "plain-workers"}},
+                // Kubernetes' default grace period (30 s), longer than a batch task.
+                "spec": {
+                    "containers": [{
+                        "name": "worker",
+                        "image": "lanepool-python-worker",
+                        "command": [celery],
+                        "args": ["--workdir", examples_dir(), "-A", "celery_app", "worker",
+                            "-n", "celery@$(POD_NAME)", "-Q", "urgent,batch", "-c", "4",
+                            "--loglevel=INFO"],
+                        "env": [
+                            {"name": "LANEPOOL_REDIS_URL", "value": world.redis.url()},
+                            {"name": "POD_NAME",
+                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        ],
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(world.client.clone(), &world.namespace);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.namespace);
+    let ready = |selector: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.list(&kube::api::ListParams::default().labels(selector))
+                .await
+                .map(|list| {
+                    list.items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_none())
+                        .filter(|p| {
+                            p.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| {
+                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                })
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        }
+    };
+    testenv::until(60, "the plain Celery workers run", || async {
+        ready("app=plain-workers").await == 4
+    })
+    .await;
+
+    let started = Instant::now();
+    let started_at = now_unix();
+    let producer = world.produce_as("celery", "0s=20,40s=100,75s=20", 110, true);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // What a user does: lanepool migrate, its pool applied as printed.
+    let output = Command::new(env!("CARGO_BIN_EXE_lanepool"))
+        .args(["migrate", "--deployment"])
+        .arg(format!("{}/celery-workers", world.namespace))
+        .args(["--name", "jobs"])
+        .env(
+            "KUBECONFIG",
+            testenv::shared_with(Controllers::Pods)
+                .unwrap()
+                .kubeconfig(),
+        )
+        .output()
+        .expect("running lanepool migrate");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "lanepool migrate: {said}");
+    println!("lanepool migrate said:\n{said}");
+    let pool: LanePool = serde_yaml::from_slice(&output.stdout).expect("a LanePool");
+    Api::<LanePool>::namespaced(world.client.clone(), &world.namespace)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    let applied = now_unix();
+    testenv::until(
+        90,
+        "the pool's 4 workers Ready beside the old ones",
+        || async { ready("lanepool.dev/pool=jobs").await == 4 },
+    )
+    .await;
+    deployments
+        .delete("celery-workers", &Default::default())
+        .await
+        .unwrap();
+    let switched = now_unix();
+
+    let mut reserved = Vec::new();
+    while started.elapsed() < Duration::from_secs(110) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        reserved.push((
+            started.elapsed().as_secs(),
+            world.replicas("jobs-urgent-reserved").await,
+        ));
+    }
+    drop(producer);
+    let ledger = world.redis.settle("urgent", "batch").await;
+    let waits = celery_urgent_waits(&world.redis);
+    let p99_in = |from: f64, to: f64| {
+        let inside: Vec<f64> = waits
+            .iter()
+            .filter(|(sent, _)| (from..to).contains(sent))
+            .map(|(_, waited)| *waited)
+            .collect();
+        let n = inside.len();
+        (n > 0).then(|| (testenv::p99(inside) * 1000.0, n))
+    };
+    let spike = started_at + 40.0;
+    let by_5s: Vec<(u64, usize, u64)> = (0..22)
+        .filter_map(|i| {
+            let from = started_at + 5.0 * i as f64;
+            let inside: Vec<f64> = waits
+                .iter()
+                .filter(|(sent, _)| (from..from + 5.0).contains(sent))
+                .map(|(_, waited)| *waited)
+                .collect();
+            let most = inside.iter().copied().fold(0.0, f64::max);
+            (!inside.is_empty()).then(|| (i * 5, inside.len(), (most * 1000.0) as u64))
+        })
+        .collect();
+    println!(
+        "celery, migrated: urgent tasks by 5 s from the start (s, tasks, longest wait ms): {by_5s:?}"
+    );
+    println!(
+        "celery, migrated: the pool applied {:.0} s and the old Deployment deleted {:.0} s in; \
+         reserved (s, n) {reserved:?}; urgent wait p99 (ms, jobs) before the pool {:?}, during \
+         the switch {:?}, after it to the spike {:?}, in the spike {:?}, after it {:?}; {ledger:?}",
+        applied - started_at,
+        switched - started_at,
+        p99_in(started_at, applied),
+        p99_in(applied, switched),
+        p99_in(switched, spike),
+        p99_in(spike, started_at + 75.0),
+        p99_in(started_at + 85.0, started_at + 110.0),
+    );
+    assert!(ledger.settled, "the tasks in hand did not finish");
+    assert_eq!(ledger.cut_short, 0, "a task was cut short");
+    assert_eq!(ledger.lost, 0, "a task was lost");
+    assert!(switched < spike, "the pool took over before the spike");
+    // Once the old workers' tasks in hand are done (3 s batch tasks) and the urgent ones queued
+    // meanwhile taken, the pool keeps the urgent wait within the job time: ten seconds after
+    // the switch up to the spike.
+    let settled_in = p99_in(switched + 10.0, spike);
+    assert!(
+        settled_in.is_some_and(|(p99, n)| p99 <= URGENT_MS as f64 && n >= 200),
+        "urgent wait p99 after the switch: {settled_in:?}"
+    );
+    assert!(
+        reserved
+            .iter()
+            .any(|(at, r)| *at >= 40 && *at <= 75 && *r >= 2),
+        "the reserve followed the spike (4 slots a worker: 2 workers for 100/s × 50 ms)"
     );
 }

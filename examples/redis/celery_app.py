@@ -26,6 +26,10 @@ from redis import Redis
 
 SUBMITTED = "lanepool-demo:submitted"
 STARTED = "lanepool-demo:started"
+# When each task was sent (`lane time`) and started (Unix seconds), by id: the tests' waits for a
+# producer that stamps nothing (a Celery message carries no time it was sent).
+SENT_AT = "lanepool-demo:sent-at"
+STARTED_AT = "lanepool-demo:started-at"
 FINISHED = "lanepool-demo:finished"
 
 REDIS_URL = os.environ.get("LANEPOOL_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -55,6 +59,7 @@ def cpu_job(self: Task, seconds: float) -> None:
 @contextlib.contextmanager
 def _ledger(task_id: str) -> Iterator[None]:
     _ledger_redis.sadd(STARTED, task_id)
+    _ledger_redis.hset(STARTED_AT, task_id, repr(time.time()))
     yield  # an exception leaves the job started, never finished
     _ledger_redis.sadd(FINISHED, task_id)
 
@@ -62,8 +67,10 @@ def _ledger(task_id: str) -> Iterator[None]:
 def submit(redis: Redis, lane: str, seconds: float) -> str:
     """Sends `sleep_job(seconds)` to `lane` and adds its id to the ledger. The producer's
     `Producer.install_celery()` (lanepool_worker.producer) stamps and counts it."""
+    sent = time.time()
     task_id = sleep_job.apply_async((seconds,), queue=lane).id
     redis.sadd(SUBMITTED, task_id)
+    redis.hset(SENT_AT, task_id, f"{lane} {sent!r}")
     return str(task_id)
 
 
