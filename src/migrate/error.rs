@@ -1,5 +1,5 @@
 //! Why a migration could not be made, naming what to change: a flag, the manifest, a field of the
-//! Deployment, or a queue that cannot be a lane. Never a panic on what came from the user or the
+//! Deployment, or a queue no lane can take. Never a panic on what came from the user or the
 //! cluster.
 
 use std::path::PathBuf;
@@ -30,11 +30,10 @@ pub enum MigrateError {
         reason: String,
     },
 
-    /// A queue whose name a lane cannot take: a worker takes the queue of its lane's name, so
-    /// the queue itself would have to be renamed.
+    /// A queue no lane can take (`spec.lanes[].queue`'s rules), or one named twice.
     #[error(
-        "queue {queue:?} ({from}) cannot be a lane: {reason}; a worker takes the queue named as its \
-         lane, so rename the queue (or give --lanes with the queues to migrate)"
+        "queue {queue:?} ({from}) cannot be a lane's queue: {reason}; rename the queue (or give \
+         --lanes with the queues to migrate)"
     )]
     Queue {
         queue: String,

@@ -60,8 +60,9 @@ impl Migrated {
         self.pool.metadata.namespace.as_deref()
     }
 
-    pub fn lanes(&self) -> impl Iterator<Item = &str> {
-        self.pool.spec.lanes.iter().map(|lane| lane.name.as_str())
+    /// The queues the pool's lanes take, in priority order.
+    pub fn queues(&self) -> impl Iterator<Item = &str> {
+        self.pool.spec.lanes.iter().map(|lane| lane.queue())
     }
 
     pub fn framework(&self) -> Option<Framework> {
@@ -144,7 +145,7 @@ pub fn build(args: &MigrateArgs, source: &Source) -> Result<Migrated, MigrateErr
         }
         (Worker::Kept(_), _) => (args.lanes.clone(), "--lanes".to_string(), None),
     };
-    lanes::check(&lane_names, &from)?;
+    let named = lanes::check(&lane_names, &from)?;
 
     let replicas = deployment
         .spec
@@ -184,14 +185,14 @@ pub fn build(args: &MigrateArgs, source: &Source) -> Result<Migrated, MigrateErr
         ));
     }
 
-    let name = pool_name(args, deployment, source, &lane_names, &shown)?;
+    let name = pool_name(args, deployment, source, &named[0].name, &shown)?;
     let rewritten = match &worker {
         Worker::Rewritten(rewritten) => Some(rewritten),
         Worker::Kept(_) => None,
     };
     let edited = template::edit(template, at, rewritten, args.image.as_deref());
     let spec = LanePoolSpec {
-        lanes: lanes::lanes(&lane_names, reserve_max, &args.job_time),
+        lanes: lanes::lanes(&named, reserve_max, &args.job_time),
         headroom: crate::api::DEFAULT_HEADROOM,
         total_workers: Some(total_workers),
         shared: None,
@@ -314,7 +315,7 @@ fn pool_name(
     args: &MigrateArgs,
     deployment: &Deployment,
     source: &Source,
-    lanes: &[String],
+    urgent_lane: &str,
     shown: &str,
 ) -> Result<String, MigrateError> {
     let name = args
@@ -344,7 +345,7 @@ fn pool_name(
     }
     // The operator refuses to write a Deployment of the pool's name that is someone else's.
     let written: Vec<String> = std::iter::once(format!("{name}-shared"))
-        .chain(lanes.first().map(|lane| format!("{name}-{lane}-reserved")))
+        .chain(std::iter::once(format!("{name}-{urgent_lane}-reserved")))
         .collect();
     let existing = std::iter::once(deployment).chain(&source.others);
     if let Some(clash) = existing

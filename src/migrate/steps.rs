@@ -42,12 +42,19 @@ fn summary(migrated: &Migrated) -> String {
         .spec
         .lanes
         .iter()
-        .map(|lane| match &lane.reserve {
-            Some(reserve) => format!(
-                "{} (a reserve of {} to {})",
-                lane.name, reserve.min, reserve.max
-            ),
-            None => lane.name.clone(),
+        .map(|lane| {
+            let mut about: Vec<String> = lane
+                .queue
+                .iter()
+                .map(|queue| format!("queue {queue}"))
+                .collect();
+            if let Some(reserve) = &lane.reserve {
+                about.push(format!("a reserve of {} to {}", reserve.min, reserve.max));
+            }
+            match about.is_empty() {
+                true => lane.name.clone(),
+                false => format!("{} ({})", lane.name, about.join(", ")),
+            }
         })
         .collect();
     let total = migrated.pool.spec.total_workers.unwrap_or_default();
@@ -114,7 +121,7 @@ fn before(migrated: &Migrated, steps: &mut Vec<String>) {
             "The command's {queue} {} {is} no lane of --lanes {}: every worker of the pool takes \
              exactly its lanes, so once the Deployment is retired no one takes {it}.",
             queues.join(", "),
-            migrated.lanes().collect::<Vec<_>>().join(","),
+            migrated.queues().collect::<Vec<_>>().join(","),
         ));
     }
     let image = migrated.image.as_deref().unwrap_or("(none)");

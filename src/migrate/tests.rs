@@ -135,6 +135,7 @@ fn keeps_the_crds_rules(yaml: &str) -> LanePool {
     let lanes = &pool.spec.lanes;
     assert!((1..=16).contains(&lanes.len()));
     let (pattern, most) = lane_name_schema();
+    let queue_pattern = regex::Regex::new(crate::api::QUEUE_PATTERN).expect("the queue pattern");
     for lane in lanes {
         assert!(
             pattern.is_match(&lane.name) && lane.name.len() <= most,
@@ -145,6 +146,17 @@ fn keeps_the_crds_rules(yaml: &str) -> LanePool {
             lanes.iter().filter(|l| l.name == lane.name).count(),
             1,
             "unique"
+        );
+        if let Some(queue) = &lane.queue {
+            assert!(
+                queue_pattern.is_match(queue) && queue.len() <= 255,
+                "{queue}"
+            );
+        }
+        assert_eq!(
+            lanes.iter().filter(|l| l.queue() == lane.queue()).count(),
+            1,
+            "no two lanes on one queue"
         );
     }
     assert!(
@@ -507,13 +519,41 @@ fn an_unrecognised_command_needs_lanes_and_is_then_kept_as_it_is() {
 }
 
 #[test]
-fn bad_input_is_refused_naming_the_field_flag_or_queue() {
-    let queue = refused(
+fn a_queue_that_cannot_be_a_lanes_name_is_taken_by_a_lane_named_after_it() {
+    let (pool, migration) = migrated(
         &RQ.replace("urgent, batch]", "high_priority, batch]"),
         defaults(),
     );
+    let lanes: Vec<(&str, &str)> = pool
+        .spec
+        .lanes
+        .iter()
+        .map(|lane| (lane.name.as_str(), lane.queue()))
+        .collect();
+    assert_eq!(
+        lanes,
+        [("high-priority", "high_priority"), ("batch", "batch")]
+    );
+    assert!(pool.spec.lanes[1].queue.is_none());
     assert!(
-        queue.starts_with("queue \"high_priority\" (RQ worker's queues) cannot be a lane"),
+        migration.yaml.contains("queue: high_priority"),
+        "{}",
+        migration.yaml
+    );
+    assert!(
+        migration
+            .steps
+            .contains("lanes high-priority (queue high_priority, a reserve of 1 to 6), batch;"),
+        "{}",
+        migration.steps
+    );
+}
+
+#[test]
+fn bad_input_is_refused_naming_the_field_flag_or_queue() {
+    let queue = refused(&RQ.replace("urgent, batch]", "\"a=b\", batch]"), defaults());
+    assert!(
+        queue.starts_with("queue \"a=b\" (RQ worker's queues) cannot be a lane's queue"),
         "{queue}"
     );
     let one = refused(&RQ.replace("replicas: 10", "replicas: 1"), defaults());
