@@ -110,6 +110,7 @@ impl PoolMemory {
         now: Duration,
         recorded: impl FnOnce() -> Option<Replicas>,
     ) -> Start {
+        let period = self.read_period(period);
         let since = self.measured_at.map(|at| now.saturating_sub(at));
         let by_time = since.is_none_or(|since| since + period / 10 >= period);
         let fresh = self.replicas.is_none() || self.generation != generation;
@@ -119,6 +120,15 @@ impl PoolMemory {
             late: since
                 .filter(|_| !fresh && by_time)
                 .map(|since| since.saturating_sub(period)),
+        }
+    }
+
+    /// The pool's `period`, or [`worker_reads::FIRST_RATE_READS`] while its first rate from the
+    /// workers' reads is awaited.
+    fn read_period(&self, period: Duration) -> Duration {
+        match self.worker_reads.awaiting_first_rate() {
+            true => period.min(worker_reads::FIRST_RATE_READS),
+            false => period,
         }
     }
 
@@ -188,6 +198,7 @@ impl PoolMemory {
         surge_timeout: Duration,
         now: Duration,
     ) -> Duration {
+        let period = self.read_period(period);
         let measured_at = self.measured_at.unwrap_or(now);
         let wait = period.saturating_sub(now.saturating_sub(measured_at));
         let wait = wait.max(Duration::from_secs(1));

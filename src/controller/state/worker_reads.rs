@@ -29,7 +29,17 @@ pub(in crate::controller) struct WorkerReads {
     current: Option<Duration>,
     /// The workers whose implausible claims were logged (once each), among those last read.
     logged: BTreeSet<String>,
+    /// Reads made before the first that was a rate (a new pool's, or this process's first).
+    unrated: u32,
 }
+
+/// How soon a pool is read again while its first rate is awaited: a new pool whose lanes
+/// Prometheus has no series of yet is measured by its reads alone, and each second saved is one
+/// its urgent jobs do not queue behind a reserve at its minimum.
+pub(in crate::controller) const FIRST_RATE_READS: Duration = Duration::from_secs(2);
+/// The most reads made that soon: a pool whose reads never make a rate (a worker that never
+/// answers) is read at its interval after these.
+const MOST_FIRST_RATE_READS: u32 = 10;
 
 /// One read's answers, as they came in.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,6 +71,13 @@ impl WorkerReads {
         self.last.map(|(_, wall)| wall)
     }
 
+    /// Whether the workers were read and no read was a rate yet (within the first
+    /// [`MOST_FIRST_RATE_READS`]): the pool is then read again after [`FIRST_RATE_READS`], not
+    /// its interval.
+    pub(in crate::controller) fn awaiting_first_rate(&self) -> bool {
+        self.last.is_some() && self.lanes.is_empty() && self.unrated < MOST_FIRST_RATE_READS
+    }
+
     /// Records, per lane, what the workers finished since the last read, with the lanes' mean
     /// `job_seconds` as measured; returns the answers dropped as implausible (see
     /// [`WorkerCount::implausible`]: a read that needed one is not a rate). Without `answers`
@@ -72,6 +89,11 @@ impl WorkerReads {
         window: Duration,
     ) -> Vec<Implausible> {
         self.current = None;
+        // Every evaluation since the first read counts, one with no answers too: a pool whose
+        // workers all went quiet is not read soon forever.
+        if self.last.is_some() && self.lanes.is_empty() {
+            self.unrated = self.unrated.saturating_add(1);
+        }
         let Some(CountsRead {
             answers,
             expected,
@@ -257,6 +279,26 @@ mod tests {
             .ok()
             .and_then(|l| l.recent_arrival_rate);
         assert_eq!(recent.map(|r| r.per_second), Some(6.0));
+    }
+
+    #[test]
+    fn a_pool_is_read_soon_until_its_first_rate_and_not_forever() {
+        let job = BTreeMap::new();
+        let mut reads = WorkerReads::default();
+        assert!(!reads.awaiting_first_rate(), "never read: nothing to await");
+        reads.record(answers(5 * S, &[("a", 10.0)], &["a"]), &job, 60 * S);
+        assert!(reads.awaiting_first_rate(), "a baseline only");
+        reads.record(answers(7 * S, &[("a", 12.0)], &["a"]), &job, 60 * S);
+        assert!(!reads.awaiting_first_rate(), "a rate");
+        // Reads that never count every worker (b never answers), or no answers at all: soon
+        // after the first read for ten evaluations, then at the interval.
+        let mut stuck = WorkerReads::default();
+        for i in 0..=10u32 {
+            assert_eq!(stuck.awaiting_first_rate(), i > 0, "evaluation {i}");
+            let read = (i % 2 == 0).then(|| answers(i * 2 * S, &[("a", 1.0)], &["a", "b"]));
+            stuck.record(read.flatten(), &job, 60 * S);
+        }
+        assert!(!stuck.awaiting_first_rate());
     }
 
     #[test]
