@@ -111,9 +111,13 @@ struct Container {
 impl Container {
     fn from_archive(image: &str) -> Self {
         let archive = images().join(format!("{image}.tar"));
-        let name = testenv::unique_name(image);
-        let from = format!("oci-archive:{}", archive.display());
-        buildah_output(&["from", "--quiet", "--name", &name, &from]);
+        Self::from_image(image, &format!("oci-archive:{}", archive.display()))
+    }
+
+    /// From `from`, an image in the test's storage or a transport's reference (oci-archive:…).
+    fn from_image(prefix: &str, from: &str) -> Self {
+        let name = testenv::unique_name(prefix);
+        buildah_output(&["from", "--quiet", "--name", &name, from]);
         let root = PathBuf::from(buildah_output(&["mount", &name]));
         Self { name, root }
     }
@@ -794,6 +798,200 @@ fn the_rq_worker_from_its_image_takes_an_urgent_job_and_serves_the_lane_metrics(
         "{}",
         worker.output()
     );
+}
+
+// ---- Images a team builds its own way ----
+
+/// The Debian root images/python-base.sh made for the Python image (kept in target/images/) as
+/// an image in the test's storage: a base made on this machine, where no registry need serve one.
+fn local_base() -> &'static str {
+    static BASE: OnceLock<String> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let rootfs = images().join("debian-bookworm-python3.tar");
+        assert!(
+            rootfs.exists(),
+            "{} is missing (images/build.sh makes it unless LANEPOOL_PYTHON_BASE is set)",
+            rootfs.display()
+        );
+        let name = "localhost/lanepool-test/debian-base:bookworm";
+        let container = buildah_output(&["from", "--quiet", "scratch"]);
+        buildah_output(&[
+            "add",
+            "--quiet",
+            &container,
+            &rootfs.display().to_string(),
+            "/",
+        ]);
+        buildah_output(&[
+            "config",
+            "--env",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            &container,
+        ]);
+        buildah_output(&["commit", "--quiet", "--rm", &container, name]);
+        name.to_string()
+    })
+}
+
+/// `buildah bud -f dockerfile` on `context`, tagged `tag`, with `--build-arg`s.
+fn build(dockerfile: &Path, context: &Path, tag: &str, build_args: &[(&str, &str)]) {
+    let mut command = buildah();
+    command
+        .args(["bud", "--quiet", "--isolation", "chroot", "-f"])
+        .arg(dockerfile)
+        .args(["-t", tag]);
+    for (name, value) in build_args {
+        command.arg("--build-arg").arg(format!("{name}={value}"));
+    }
+    let output = command.arg(context).output().expect("running buildah bud");
+    assert!(
+        output.status.success(),
+        "buildah bud -f {}: {}",
+        dockerfile.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A directory of the test's own under its target tmpdir.
+fn scratch_dir(prefix: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testenv::unique_name(prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `argv` from `container` as 65532 on its read-only root, to its end; its output once the
+/// reading threads have `expected` in it (or whatever they have after 5 s).
+fn run_to_the_end(container: &Container, argv: &[&str], expected: &str) -> String {
+    let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let mut command = run_from_image(container, &[], &[], &argv);
+    assert!(command.finished(60), "{argv:?}: {}", command.output());
+    let mut output = String::new();
+    poll_blocking(Duration::from_secs(5), Duration::from_millis(50), || {
+        output = command.output();
+        output.contains(expected)
+    });
+    output
+}
+
+/// images/lanepool-from-source.Dockerfile with its build stage (`FROM ${BUILDER} AS build` and the
+/// compile under it) replaced by `FROM <binary_image> AS build`; the global ARGs and the runtime
+/// stage are the file's own lines.
+fn with_build_stage_from(dockerfile: &str, binary_image: &str) -> String {
+    let lines: Vec<&str> = dockerfile.lines().collect();
+    let froms: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("FROM "))
+        .collect();
+    assert_eq!(froms.len(), 2, "a build stage and a runtime stage");
+    assert_eq!(lines[froms[0]], "FROM ${BUILDER} AS build");
+    assert_eq!(lines[froms[1]], "FROM ${BASE}");
+    let mut derived: Vec<String> = lines[..froms[0]].iter().map(|l| l.to_string()).collect();
+    derived.push(format!("FROM {binary_image} AS build"));
+    derived.extend(lines[froms[1]..].iter().map(|l| l.to_string()));
+    derived.join("\n") + "\n"
+}
+
+#[test]
+fn the_operator_built_from_source_runs_its_binary_as_65532_on_the_base_it_is_given() {
+    let base = local_base();
+    let shipped =
+        std::fs::read_to_string(format!("{ROOT}/images/lanepool-from-source.Dockerfile")).unwrap();
+    // The Rust stage compiles for ten minutes and more on two cores: the binary images/build.sh
+    // compiled (the same static release build, at /lanepool) stands in for its output.
+    let binary_image = format!("oci-archive:{}", images().join("lanepool.tar").display());
+    let dir = scratch_dir("from-source");
+    let dockerfile = dir.join("lanepool-from-source.Dockerfile");
+    std::fs::write(&dockerfile, with_build_stage_from(&shipped, &binary_image)).unwrap();
+    let tag = "localhost/lanepool-test/lanepool-from-source:latest";
+    build(
+        &dockerfile,
+        Path::new(ROOT),
+        tag,
+        &[("BASE", base), ("VERSION", VERSION)],
+    );
+
+    let container = Container::from_image("from-source", tag);
+    let config = container.config();
+    assert_eq!(config["User"], format!("{USER}:{USER}"));
+    assert_eq!(config["Entrypoint"], json!(["/lanepool"]));
+    // The chart passes `run` and its flags as args: the entrypoint must be the binary alone.
+    assert_eq!(config["Cmd"], json!(["run"]));
+    assert_eq!(
+        config["Labels"]["org.opencontainers.image.version"],
+        VERSION
+    );
+    let (files, _) = container.files();
+    for present in ["lanepool", "etc/debian_version", "usr/bin/python3"] {
+        assert!(files.contains(present), "the image lacks {present}");
+    }
+
+    let output = run_to_the_end(
+        &container,
+        &["/lanepool", "--version"],
+        &format!("lanepool {VERSION}"),
+    );
+    assert!(
+        output.lines().any(|l| l == format!("lanepool {VERSION}")),
+        "/lanepool --version said: {output}"
+    );
+    drop(container);
+    let _ = buildah().args(["rmi", tag]).output();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_team_adds_its_jobs_to_the_python_worker_image_with_from_and_copy() {
+    // The image by the name a team pulls it by.
+    let image = format!("ghcr.io/lanepool/python-worker:{VERSION}");
+    let archive = images().join("python-worker.tar");
+    buildah_output(&[
+        "pull",
+        "--quiet",
+        &format!("oci-archive:{}", archive.display()),
+    ]);
+    let dir = scratch_dir("team-jobs");
+    std::fs::write(
+        dir.join("team_jobs.py"),
+        "def double(n):\n    return 2 * n\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("Containerfile"),
+        format!("FROM {image}\nCOPY team_jobs.py /app/\n"),
+    )
+    .unwrap();
+    let tag = "localhost/lanepool-test/team-workers:latest";
+    build(&dir.join("Containerfile"), &dir, tag, &[]);
+
+    let container = Container::from_image("team-workers", tag);
+    let config = container.config();
+    assert_eq!(config["User"], format!("{USER}:{USER}"));
+    assert_eq!(config["WorkingDir"], "/app");
+    assert_eq!(
+        config["Cmd"],
+        json!(["lanepool-rq-worker", "--path", "examples/redis"])
+    );
+    // RQ finds a job's function by its dotted name from the working directory, as
+    // `lanepool-rq-worker --path .` would; the package beside it.
+    let output = run_to_the_end(
+        &container,
+        &[
+            "python3",
+            "-c",
+            "import lanepool_worker\nfrom rq.utils import import_attribute\n\
+             print('double(21) =', import_attribute('team_jobs.double')(21))",
+        ],
+        "double(21) = 42",
+    );
+    assert!(output.contains("double(21) = 42"), "{output}");
+    let output = run_to_the_end(
+        &container,
+        &["lanepool-rq-worker", "--help"],
+        "usage: lanepool-rq-worker",
+    );
+    assert!(output.contains("usage: lanepool-rq-worker"), "{output}");
+    drop(container);
+    let _ = buildah().args(["rmi", tag]).output();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `helm` (the pinned one) with a home of this test's own; (success, stdout, stderr).
