@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::Killed;
+use common::{Killed, is_ready};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Client;
@@ -789,20 +789,7 @@ async fn a_plain_celery_deployment_migrated_under_load_becomes_a_pool_whose_rese
         async move {
             pods.list(&kube::api::ListParams::default().labels(selector))
                 .await
-                .map(|list| {
-                    list.items
-                        .iter()
-                        .filter(|p| p.metadata.deletion_timestamp.is_none())
-                        .filter(|p| {
-                            p.status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|c| {
-                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                                })
-                        })
-                        .count()
-                })
+                .map(|list| list.items.iter().filter(|p| is_ready(p)).count())
                 .unwrap_or(0)
         }
     };

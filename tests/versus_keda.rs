@@ -29,8 +29,8 @@ use lanepool_testenv::{
 };
 
 mod common;
-use common::Killed;
 use common::node::{Kubectl, pool_scrape_configs};
+use common::{Killed, is_ready};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -747,19 +747,13 @@ fn migrate(
         let pool_ready = || {
             let pods = pods.lock().unwrap();
             pods.values()
-                .filter(|pod| pod.metadata.deletion_timestamp.is_none())
                 .filter(|pod| {
                     pod.metadata
                         .labels
                         .as_ref()
                         .is_some_and(|l| l.contains_key("lanepool.dev/pool"))
                 })
-                .filter(|pod| {
-                    pod.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .filter(|pod| is_ready(pod))
                 .count()
         };
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -805,13 +799,7 @@ fn ready_pods(pods: &Mutex<BTreeMap<String, Pod>>) -> usize {
     pods.lock()
         .unwrap()
         .values()
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .filter(|pod| {
-            pod.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(|pod| is_ready(pod))
         .count()
 }
 

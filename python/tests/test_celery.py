@@ -26,6 +26,7 @@ from redis import Redis
 
 from lanepool_worker.celery import configure
 from lanepool_worker.producer import Producer
+from lanepool_worker.state import WorkerState
 from processes import (
     BIN,
     Answer,
@@ -552,32 +553,7 @@ def test_a_lane_takes_the_celery_queue_lanepool_queues_names_and_reports_it_unde
 
 
 def test_the_consumer_hands_back_by_lane_what_came_from_its_queue():
-    app = celery.Celery("gate", broker="redis://127.0.0.1:1/0")
-    environ = {
-        "LANEPOOL_LANES": "urgent,batch",
-        "LANEPOOL_QUEUES": "urgent=high_priority",
-        "LANEPOOL_ROLE": "shared",
-        "LANEPOOL_POOL": "jobs",
-        "LANEPOOL_METRICS_ADDR": "off",
-    }
-    state = configure(app, environ)
-    assert state is not None
-    (step,) = [s for s in app.steps["consumer"] if s.__name__ == "LaneGate"]
-    taken: list[str] = []
-
-    class Consumer:
-        def create_task_handler(self) -> Callable[[Delivered], None]:
-            return lambda message: taken.append(message.delivery_info["routing_key"])
-
-    consumer = Consumer()
-    step(consumer).start(consumer)
-    handle = consumer.create_task_handler()
-
-    def deliver(queue: str) -> bool | None:
-        message = Delivered(queue)
-        handle(message)
-        return message.requeued
-
+    state, deliver, taken = consumer_gate({"LANEPOOL_QUEUES": "urgent=high_priority"})
     state.stand_in(["urgent"], 60)
     assert deliver("high_priority") is None
     assert deliver("batch") is True
@@ -714,15 +690,19 @@ class Delivered:
         self.requeued = requeue
 
 
-def test_the_consumer_hands_back_what_a_drain_or_stand_in_excludes():
-    # The race it closes (a BRPOP in flight returning just after the request) is rare, so its
-    # rule is checked here directly, through the consumer step configure() adds.
+def consumer_gate(
+    more: dict[str, str],
+) -> tuple[WorkerState, Callable[[str], bool | None], list[str]]:
+    """A shared worker's consumer step that configure() adds, for lanes urgent and batch and
+    `more` of the environment: its state, a `deliver(queue)` that hands it a message and says
+    whether it was handed back (requeued), and the queues of the messages it took."""
     app = celery.Celery("gate", broker="redis://127.0.0.1:1/0")
     environ = {
         "LANEPOOL_LANES": "urgent,batch",
         "LANEPOOL_ROLE": "shared",
         "LANEPOOL_POOL": "jobs",
         "LANEPOOL_METRICS_ADDR": "off",
+        **more,
     }
     state = configure(app, environ)
     assert state is not None
@@ -737,11 +717,18 @@ def test_the_consumer_hands_back_what_a_drain_or_stand_in_excludes():
     step(consumer).start(consumer)
     handle = consumer.create_task_handler()
 
-    def deliver(lane: str) -> bool | None:
-        message = Delivered(lane)
+    def deliver(queue: str) -> bool | None:
+        message = Delivered(queue)
         handle(message)
         return message.requeued
 
+    return state, deliver, taken
+
+
+def test_the_consumer_hands_back_what_a_drain_or_stand_in_excludes():
+    # The race it closes (a BRPOP in flight returning just after the request) is rare, so its
+    # rule is checked here directly, through the consumer step configure() adds.
+    state, deliver, taken = consumer_gate({})
     assert deliver("batch") is None
     state.drain(60)
     assert deliver("urgent") is True

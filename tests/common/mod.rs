@@ -9,7 +9,19 @@
 pub mod node;
 
 use std::process::Child;
+
+use k8s_openapi::api::core::v1::Pod;
 use std::time::{Duration, Instant};
+
+/// Whether `pod` is Ready and not being deleted.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
 
 /// A child process killed and reaped when dropped (with what dies with it: a process kubelet's
 /// workers die with their kubelet).
