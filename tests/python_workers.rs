@@ -24,8 +24,8 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use lanepool::api::LanePool;
 use lanepool_testenv::{
-    self as testenv, Controllers, InProcessOperator, Reply, TestPrometheus, TestRedis, example,
-    now_unix, p99, python_program, until,
+    self as testenv, Controllers, InProcessOperator, TestPrometheus, TestRedis, example, now_unix,
+    p99, python_program, until,
 };
 use serde_json::{Value, json};
 
@@ -711,33 +711,6 @@ async fn celery_workers_of_four_slots_keep_the_urgent_wait_and_are_sized_and_dra
     );
 }
 
-/// The Celery tasks' waits from the demo app's ledger (sent and started times): each urgent
-/// task's (sent, waited) in Unix seconds.
-fn celery_urgent_waits(redis: &TestRedis) -> Vec<(f64, f64)> {
-    let hash = |key: &str| -> BTreeMap<String, String> {
-        let Ok(Reply::Array(items)) = redis.command(&["HGETALL", key]) else {
-            return BTreeMap::new();
-        };
-        let text = |r: &Reply| match r {
-            Reply::Bulk(Some(s)) => s.clone(),
-            _ => String::new(),
-        };
-        items
-            .chunks(2)
-            .map(|pair| (text(&pair[0]), text(&pair[1])))
-            .collect()
-    };
-    let started = hash("lanepool-demo:started-at");
-    hash("lanepool-demo:sent-at")
-        .into_iter()
-        .filter_map(|(id, sent)| {
-            let sent = sent.strip_prefix("urgent ")?.parse::<f64>().ok()?;
-            let began = started.get(&id)?.parse::<f64>().ok()?;
-            Some((sent, began - sent))
-        })
-        .collect()
-}
-
 /// Celery workers as a team runs them (a Deployment of `celery worker -Q urgent,batch -c 4`, a
 /// producer calling `apply_async(queue=...)` and nothing else), turned into a LanePool by
 /// `lanepool migrate --deployment` while urgent tasks arrive: the old Deployment deleted once
@@ -846,7 +819,7 @@ async fn a_plain_celery_deployment_migrated_under_load_becomes_a_pool_whose_rese
     }
     drop(producer);
     let ledger = world.redis.settle("urgent", "batch").await;
-    let waits = celery_urgent_waits(&world.redis);
+    let waits = world.redis.celery_urgent_waits();
     let p99_in = |from: f64, to: f64| {
         let inside: Vec<f64> = waits
             .iter()

@@ -537,21 +537,8 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         .filter_map(|r| r.enqueued)
         .fold(f64::INFINITY, f64::min);
     assert!(first.is_finite(), "{}: no urgent job ran", arm.name());
-    let urgent_p99 = work
-        .windows()
-        .iter()
-        .map(|&(_, from, to)| {
-            let waits: Vec<f64> = records
-                .values()
-                .filter(|r| r.origin == "urgent")
-                .filter_map(|r| Some((r.enqueued?, r.started?)))
-                .filter(|(enqueued, _)| (from..to).contains(&(enqueued - first)))
-                .map(|(enqueued, started)| started - enqueued)
-                .collect();
-            let n = waits.len();
-            (n > 0).then(|| (testenv::p99(waits), n))
-        })
-        .collect();
+    // The urgent jobs that arrived between `from` and `to` (Unix seconds): their wait p99 and
+    // how many.
     let urgent_p99_in = |from: f64, to: f64| {
         let waits: Vec<f64> = records
             .values()
@@ -563,6 +550,11 @@ async fn run_arm(world: &World, arm: Arm, work: &Workload) -> Figures {
         let n = waits.len();
         (n > 0).then(|| (testenv::p99(waits), n))
     };
+    let urgent_p99 = work
+        .windows()
+        .iter()
+        .map(|&(_, from, to)| urgent_p99_in(first + from, first + to))
+        .collect();
     let spike_start = first + work.windows()[2].1;
     let across_switch = switch.map(|(applied, switched)| {
         eprintln!(

@@ -121,13 +121,10 @@ impl LaneReads {
         stand_in_for: Duration,
         fallback: Option<f64>,
     ) -> Option<LaneLoad> {
-        let read = self
-            .reads
-            .back()
-            .filter(|r| r.at == now || now.saturating_sub(r.at) < stand_in_for)?;
-        let recent = self.recent(read.at)?;
-        let arrival_rate = self.rate(read.at, window).unwrap_or(recent.per_second);
-        let job_seconds = self.job_seconds(read.at, window).or(fallback);
+        let at = self.standing(now, stand_in_for)?;
+        let recent = self.recent(at)?;
+        let arrival_rate = self.rate(at, window).unwrap_or(recent.per_second);
+        let job_seconds = self.job_seconds(at, window).or(fallback);
         if job_seconds.is_none() && arrival_rate > 0.0 {
             return None;
         }
@@ -152,20 +149,25 @@ impl LaneReads {
         window: Duration,
         stand_in_for: Duration,
     ) -> LaneLoad {
-        let Some(read) = self
-            .reads
-            .back()
-            .filter(|r| r.at == now || now.saturating_sub(r.at) < stand_in_for)
-        else {
+        let Some(at) = self.standing(now, stand_in_for) else {
             return load;
         };
-        if let Some(recent) = self.recent(read.at) {
+        if let Some(recent) = self.recent(at) {
             load.recent_arrival_rate = Some(recent);
-            if let Some(rate) = self.rate(read.at, window) {
+            if let Some(rate) = self.rate(at, window) {
                 load.arrival_rate = rate;
             }
         }
         load
+    }
+
+    /// When the read that speaks for `now` was made: the one made now, or else the last one
+    /// while it is younger than `stand_in_for`.
+    fn standing(&self, now: Duration, stand_in_for: Duration) -> Option<Duration> {
+        self.reads
+            .back()
+            .map(|r| r.at)
+            .filter(|&at| at == now || now.saturating_sub(at) < stand_in_for)
     }
 }
 

@@ -1,9 +1,9 @@
 //! The demo jobs' ledger in Redis (examples/redis/jobs.py): every job is added to a set when it
 //! is submitted, when it starts and when it finishes, so a run ends with how many jobs a worker
 //! stopped mid-job (cut short) and how many went missing (lost); and the urgent waits RQ records
-//! in its own job hashes.
+//! in its own job hashes, or the Celery app (examples/redis/celery_app.py) in its own.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::redis::{Reply, TestRedis};
@@ -12,6 +12,10 @@ use crate::wait::poll_until;
 pub const SUBMITTED: &str = "lanepool-demo:submitted";
 pub const STARTED: &str = "lanepool-demo:started";
 pub const FINISHED: &str = "lanepool-demo:finished";
+/// The Celery app's hashes of when each task was sent (`lane time`) and started (Unix seconds):
+/// a Celery message carries no time it was sent.
+const CELERY_SENT_AT: &str = "lanepool-demo:sent-at";
+const CELERY_STARTED_AT: &str = "lanepool-demo:started-at";
 
 /// Every job's ledger at the end of a run: cut short = started and never finished; lost =
 /// submitted, not finished and not still queued.
@@ -98,6 +102,35 @@ impl TestRedis {
             }
         }
         waits
+    }
+
+    /// Each urgent Celery task that started: when it was sent (Unix seconds) and how long it
+    /// waited, from the Celery app's own ledger.
+    pub fn celery_urgent_waits(&self) -> Vec<(f64, f64)> {
+        let started = self.hash(CELERY_STARTED_AT);
+        self.hash(CELERY_SENT_AT)
+            .into_iter()
+            .filter_map(|(id, sent)| {
+                let sent = sent.strip_prefix("urgent ")?.parse::<f64>().ok()?;
+                let began = started.get(&id)?.parse::<f64>().ok()?;
+                Some((sent, began - sent))
+            })
+            .collect()
+    }
+
+    /// A hash's fields and values (a missing key is an empty one).
+    fn hash(&self, key: &str) -> BTreeMap<String, String> {
+        let Ok(Reply::Array(items)) = self.command(&["HGETALL", key]) else {
+            panic!("HGETALL {key}: no answer");
+        };
+        let text = |r: &Reply| match r {
+            Reply::Bulk(Some(s)) => s.clone(),
+            _ => String::new(),
+        };
+        items
+            .chunks(2)
+            .map(|pair| (text(&pair[0]), text(&pair[1])))
+            .collect()
     }
 }
 
